@@ -1,0 +1,188 @@
+"""The in-memory node-classification dataset every loader returns.
+
+The graph is stored as CSC (compressed sparse column): for destination node ``v``,
+its in-neighbours are ``indices[indptr[v]:indptr[v + 1]]``.  Message passing pulls
+from in-neighbours, so CSC is the layout samplers and layers want.  Undirected
+graphs store both directions.
+
+Arrays are numpy so that partitions can later be memory-mapped; convert with
+``torch.from_numpy`` (zero-copy) where tensors are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Metric = Literal["accuracy", "roc_auc"]
+
+
+class DatasetError(ValueError):
+    """Bad or unreadable input data.  The message names the file, the field and the fix."""
+
+
+def fail(source: str, field_name: str, problem: str, fix: str) -> DatasetError:
+    """Build a one-line :class:`DatasetError` of the form ``source: field: problem; fix``."""
+    return DatasetError(f"{source}: {field_name}: {problem}; {fix}")
+
+
+@dataclass(kw_only=True)
+class GraphDataset:
+    """A graph with node features, labels and one or more train/val/test splits."""
+
+    name: str
+    """Short name, e.g. ``"cora"``; used in logs and ``metrics.json``."""
+    indptr: np.ndarray
+    """int64 [num_nodes + 1]: CSC offsets over destination nodes."""
+    indices: np.ndarray
+    """int64 [num_edges]: source node of each in-edge, grouped by destination."""
+    features: np.ndarray
+    """float32 [num_nodes, num_features]."""
+    labels: np.ndarray
+    """int64 [num_nodes]: class ids in ``[0, num_classes)``."""
+    train_masks: np.ndarray
+    """bool [num_splits, num_nodes]."""
+    val_masks: np.ndarray
+    """bool [num_splits, num_nodes]."""
+    test_masks: np.ndarray
+    """bool [num_splits, num_nodes]."""
+    num_classes: int
+    """Number of label classes."""
+    metric: Metric = "accuracy"
+    """``"accuracy"``, or ``"roc_auc"`` for binary imbalanced tasks."""
+    source: str = "<memory>"
+    """Where the data came from (a path); named in error messages."""
+    extra: dict = field(default_factory=dict)
+    """Loader-specific facts (e.g. original node ids), never needed for training."""
+
+    def __post_init__(self) -> None:
+        self.indptr = np.ascontiguousarray(self.indptr, dtype=np.int64)
+        self.indices = np.ascontiguousarray(self.indices, dtype=np.int64)
+        self.features = np.ascontiguousarray(self.features, dtype=np.float32)
+        self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
+        self.train_masks = _as_split_masks(self.train_masks)
+        self.val_masks = _as_split_masks(self.val_masks)
+        self.test_masks = _as_split_masks(self.test_masks)
+        self.validate()
+
+    # ------------------------------------------------------------------ shape facts
+    @property
+    def num_nodes(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of directed (stored) edges."""
+        return int(self.indices.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_splits(self) -> int:
+        return int(self.train_masks.shape[0])
+
+    def in_degrees(self) -> np.ndarray:
+        """int64 [num_nodes]: number of stored in-edges of each node."""
+        return np.diff(self.indptr)
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """COO view ``(src, dst)``, both int64 [num_edges], grouped by ``dst``."""
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), self.in_degrees())
+        return self.indices, dst
+
+    def split(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The ``(train, val, test)`` bool masks of split ``index``."""
+        if not 0 <= index < self.num_splits:
+            raise ValueError(
+                f"split {index} does not exist: {self.name} has {self.num_splits} split(s); "
+                f"pass --split between 0 and {self.num_splits - 1}"
+            )
+        return self.train_masks[index], self.val_masks[index], self.test_masks[index]
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check shapes, id ranges, NaNs and label ranges; raise :class:`DatasetError`."""
+        src = self.source
+        n = self.num_nodes
+        if self.indptr.ndim != 1 or n < 1:
+            raise fail(src, "indptr", f"expected a 1-d offsets array of length num_nodes + 1, got shape {self.indptr.shape}",
+                       "rebuild the graph structure from an edge list")
+        if self.indptr[0] != 0 or self.indptr[-1] != self.indices.shape[0] or np.any(np.diff(self.indptr) < 0):
+            raise fail(src, "indptr", "offsets are not non-decreasing from 0 to num_edges",
+                       "rebuild the graph structure from an edge list")
+        if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= n):
+            bad = int(self.indices.max()) if self.indices.max() >= n else int(self.indices.min())
+            raise fail(src, "edges", f"node id {bad} is out of range [0, {n})",
+                       "check the edge list against the number of nodes (ids must be 0-based)")
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            raise fail(src, "features", f"expected shape [{n}, num_features], got {list(self.features.shape)}",
+                       "give one feature row per node")
+        if not np.isfinite(self.features).all():
+            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
+            raise fail(src, "features", f"non-finite value (NaN or inf) in row {row}",
+                       "clean or impute the features before loading")
+        if self.labels.shape != (n,):
+            raise fail(src, "labels", f"expected shape [{n}], got {list(self.labels.shape)}",
+                       "give exactly one integer label per node")
+        if self.num_classes < 1:
+            raise fail(src, "labels", f"num_classes must be >= 1, got {self.num_classes}", "check the label file")
+        if n and (self.labels.min() < 0 or self.labels.max() >= self.num_classes):
+            bad = int(self.labels.min()) if self.labels.min() < 0 else int(self.labels.max())
+            raise fail(src, "labels", f"label {bad} is out of range [0, {self.num_classes})",
+                       "labels must be class ids 0..num_classes-1")
+        for name, masks in (("train_mask", self.train_masks), ("val_mask", self.val_masks), ("test_mask", self.test_masks)):
+            if masks.shape[1] != n:
+                raise fail(src, name, f"expected {n} entries per split, got {masks.shape[1]}", "give one mask entry per node")
+            if masks.shape[0] != self.train_masks.shape[0]:
+                raise fail(src, name, f"has {masks.shape[0]} splits but train_mask has {self.train_masks.shape[0]}",
+                           "give the same number of train, val and test splits")
+        if not self.train_masks.any(axis=1).all():
+            raise fail(src, "train_mask", "a split has no training nodes", "mark at least one node for training")
+        if self.metric not in ("accuracy", "roc_auc"):
+            raise fail(src, "metric", f"unknown metric {self.metric!r}", "use 'accuracy' or 'roc_auc'")
+        if self.metric == "roc_auc" and self.num_classes != 2:
+            raise fail(src, "metric", f"roc_auc needs a binary task, got {self.num_classes} classes", "use 'accuracy'")
+
+    def __repr__(self) -> str:
+        return (f"GraphDataset(name={self.name!r}, num_nodes={self.num_nodes:,}, num_edges={self.num_edges:,}, "
+                f"num_features={self.num_features}, num_classes={self.num_classes}, num_splits={self.num_splits}, "
+                f"metric={self.metric!r})")
+
+
+def _as_split_masks(mask: np.ndarray) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    return np.ascontiguousarray(mask.astype(bool, copy=False))
+
+
+def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,
+                   remove_self_loops: bool = True, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Build CSC ``(indptr, indices)`` from COO edges, vectorised.
+
+    Args:
+        src, dst: int [num_edges] endpoints; ids must already be in ``[0, num_nodes)``.
+        symmetrize: also add every reverse edge (for undirected data stored once).
+        remove_self_loops: drop ``v -> v`` edges (layers add self terms explicitly).
+        dedup: drop repeated edges.
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if symmetrize:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    if remove_self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    # Sorting by a single int64 key (dst-major) groups in-edges by destination and,
+    # after sorting, makes duplicates adjacent.
+    key = dst * np.int64(num_nodes) + src
+    key = np.unique(key) if dedup else np.sort(key)
+    dst_sorted = key // num_nodes
+    indices = key - dst_sorted * num_nodes
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst_sorted, minlength=num_nodes), out=indptr[1:])
+    return indptr, indices

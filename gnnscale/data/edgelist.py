@@ -1,0 +1,176 @@
+"""A plain folder of an edge list plus ``.npy`` arrays: the format for bringing your own graph.
+
+::
+
+    DIR/edges.csv or DIR/edges.txt   two integer columns "src dst", comma or whitespace
+                                     separated; '#' starts a comment; an optional
+                                     header line (e.g. "src,dst") is skipped
+    DIR/features.npy                 float [N, F]
+    DIR/labels.npy                   int   [N]          N = len(labels) = number of nodes
+    DIR/train_mask.npy               bool  [N] or [S, N]   optional, all three or none
+    DIR/val_mask.npy
+    DIR/test_mask.npy
+
+Without masks a deterministic random 60/20/20 split is drawn from ``seed``.
+Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gnnscale.data.dataset import GraphDataset, fail
+from gnnscale.data.loaders import (check_features, check_labels, edges_to_csc, random_split, require_dir,
+                                   require_file)
+
+_FORMAT_FIX = "see gnnscale/data/edgelist.py for the folder layout"
+_MASK_NAMES = ("train_mask", "val_mask", "test_mask")
+
+
+def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 0,
+                  num_classes: int | None = None, name: str | None = None) -> GraphDataset:
+    """Load a graph from an edge-list folder.
+
+    Args:
+        data_dir: the folder (layout in the module docstring).
+        undirected: add every reverse edge.
+        seed: seed of the random 60/20/20 split, used only when no mask files exist.
+        num_classes: number of classes; defaults to max label + 1.
+        name: dataset name for logs; defaults to the folder name.
+
+    Returns:
+        A :class:`GraphDataset` with self loops and duplicate edges removed.
+    """
+    folder = require_dir(Path(data_dir), "data_dir", _FORMAT_FIX)
+    labels_path = require_file(folder / "labels.npy", "labels", f"save the labels with np.save; {_FORMAT_FIX}")
+    raw_labels = _load_npy(labels_path, "labels")
+    if raw_labels.ndim != 1:
+        raise fail(str(labels_path), "labels", f"expected shape [num_nodes], got {list(raw_labels.shape)}",
+                   "give exactly one integer class id per node")
+    num_nodes = int(raw_labels.shape[0])
+    if num_nodes == 0:
+        raise fail(str(labels_path), "labels", "is empty", "give one label per node")
+    labels, num_classes = check_labels(raw_labels, num_nodes, str(labels_path), num_classes)
+
+    features_path = require_file(folder / "features.npy", "features", f"save the features with np.save; {_FORMAT_FIX}")
+    features = check_features(_load_npy(features_path, "features"), num_nodes, str(features_path))
+
+    edge_path = _find_edge_file(folder)
+    src, dst = _read_edges(edge_path)
+    indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
+
+    present = [(folder / f"{mask}.npy").is_file() for mask in _MASK_NAMES]
+    if all(present):
+        masks = [_read_mask(folder / f"{mask}.npy", mask, num_nodes) for mask in _MASK_NAMES]
+        _check_disjoint(masks, folder)
+    elif any(present):
+        missing = [mask for mask, ok in zip(_MASK_NAMES, present) if not ok]
+        raise fail(str(folder / f"{missing[0]}.npy"), missing[0], "file not found, but other mask files exist",
+                   "give all of train_mask.npy, val_mask.npy, test_mask.npy, or none for a random split")
+    else:
+        masks = list(random_split(num_nodes, seed))
+    return GraphDataset(
+        name=name or folder.resolve().name, indptr=indptr, indices=indices, features=features, labels=labels,
+        train_masks=masks[0], val_masks=masks[1], test_masks=masks[2], num_classes=num_classes,
+        metric="accuracy", source=str(folder), extra={"random_split_seed": None if all(present) else seed},
+    )
+
+
+def _load_npy(path: Path, field_name: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as err:  # object arrays under allow_pickle=False, or a non-.npy file
+        raise fail(str(path), field_name, f"is not a plain numeric .npy array ({err})",
+                   "save a numeric array with np.save (no object dtype)") from None
+
+
+def _find_edge_file(folder: Path) -> Path:
+    candidates = [folder / "edges.csv", folder / "edges.txt"]
+    found = [path for path in candidates if path.is_file()]
+    if not found:
+        raise fail(str(candidates[0]), "edges", "file not found (nor edges.txt)",
+                   f"put the edge list, one 'src dst' pair per line, in edges.csv or edges.txt; {_FORMAT_FIX}")
+    if len(found) > 1:
+        raise fail(str(folder), "edges", "both edges.csv and edges.txt exist", "keep only one of them")
+    return found[0]
+
+
+def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``(src, dst)`` [num_edges] from a two-column text file, parsed by pandas' C reader."""
+    first = _first_data_line(path)
+    if first is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    comma = "," in first
+    tokens = [t for t in (first.split(",") if comma else first.split()) if t.strip()]
+    # A first line of numbers is data ("3.0" too, so that it is reported as a bad id rather than skipped).
+    has_header = not all(_is_number(t) for t in tokens)
+    try:
+        frame = pd.read_csv(path, sep="," if comma else r"\s+", header=0 if has_header else None,
+                            comment="#", skipinitialspace=True)
+    except (ValueError, pd.errors.ParserError) as err:
+        raise fail(str(path), "edges", f"cannot be parsed as two columns ({err})",
+                   "write one 'src dst' pair of integer node ids per line") from None
+    if frame.shape[1] != 2:
+        raise fail(str(path), "edges", f"expected 2 columns (src, dst), got {frame.shape[1]}",
+                   "write one 'src dst' pair per line")
+    for column in frame.columns:
+        if not pd.api.types.is_integer_dtype(frame[column]):
+            values = pd.to_numeric(frame[column], errors="coerce")
+            bad = ~(values.notna() & (values == values.round()))
+            if not bad.any():  # whole numbers written as floats ("3.0") are fine
+                continue
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            value = frame[column].iloc[row]
+            raise fail(str(path), "edges", f"edge {row} has a missing or non-integer node id {value!r}",
+                       "write one 'src dst' pair of integer node ids per line")
+    edges = frame.to_numpy(dtype=np.int64)
+    return edges[:, 0], edges[:, 1]
+
+
+def _first_data_line(path: Path) -> str | None:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                return line
+    return None
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_mask(path: Path, field_name: str, num_nodes: int) -> np.ndarray:
+    """bool [S, N] from a bool [N] or [S, N] file."""
+    mask = _load_npy(path, field_name)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.ndim != 2 or mask.shape[1] != num_nodes:
+        raise fail(str(path), field_name, f"expected shape [{num_nodes}] or [num_splits, {num_nodes}], "
+                   f"got {list(mask.shape)}", "store one boolean per node (and per split)")
+    if mask.dtype != np.bool_:
+        raise fail(str(path), field_name, f"expected dtype bool, got {mask.dtype}",
+                   "save the mask with np.save(path, mask.astype(bool))")
+    return mask
+
+
+def _check_disjoint(masks: list[np.ndarray], folder: Path) -> None:
+    """Overlapping train/val/test masks leak labels into evaluation: refuse them."""
+    if len({mask.shape[0] for mask in masks}) != 1:
+        raise fail(str(folder), "masks", f"split counts differ: {[mask.shape[0] for mask in masks]}",
+                   "give every mask file the same number of rows (splits)")
+    for i in range(3):
+        for j in range(i + 1, 3):
+            both = masks[i] & masks[j]
+            if both.any():
+                split, node = (int(v[0]) for v in np.nonzero(both))
+                raise fail(str(folder / f"{_MASK_NAMES[j]}.npy"), _MASK_NAMES[j],
+                           f"node {node} of split {split} is also in {_MASK_NAMES[i]}",
+                           "make train, val and test masks disjoint")
