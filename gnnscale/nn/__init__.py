@@ -1,0 +1,8 @@
+"""Pure-torch GNN layers on :class:`~gnnscale.batch.Block` s; no DGL needed at import or run time."""
+
+from gnnscale.nn.gat import GATConv
+from gnnscale.nn.gcn import GCNConv
+from gnnscale.nn.model import GNN, ModelConfig
+from gnnscale.nn.sage import SAGEConv
+
+__all__ = ["GATConv", "GCNConv", "GNN", "ModelConfig", "SAGEConv"]

@@ -1,0 +1,149 @@
+"""Multi-layer neighbour sampling on DGL's C++ kernels, returning plain-tensor :class:`MiniBatch` es."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# DGL prints a backend notice on import unless told which backend to use; the choice is not a setting of ours.
+os.environ.setdefault("DGLBACKEND", "pytorch")
+import dgl  # noqa: E402
+
+from gnnscale.batch import Block, MiniBatch  # noqa: E402
+
+
+@dataclass(kw_only=True)
+class SamplerConfig:
+    """How to sample a mini-batch's computation graph."""
+
+    fanouts: list[int] = field(default_factory=lambda: [15, 10, 5])
+    """Neighbours sampled per node, one entry per layer from the input side (as on the
+    command line: ``15,10,5`` samples 5 for the seeds' layer); ``-1`` takes all neighbours."""
+    replace: bool = False
+    """Sample with replacement."""
+    self_loops: bool = False
+    """Append a ``v -> v`` edge for every destination of every block (GAT, GCN), after sampling,
+    so a node always sees itself whatever the fanout."""
+    gcn_norm: bool = False
+    """Attach Kipf & Welling edge weights ``1/sqrt(d~_u d~_v)`` from full-graph degrees
+    (``d~ = degree + 1``), scaled by ``degree / sampled`` so a sampled sum is unbiased for the
+    full one. Implies ``self_loops``."""
+
+    def __post_init__(self) -> None:
+        self.fanouts = [int(f) for f in self.fanouts]
+        if not self.fanouts:
+            raise ValueError("fanouts is empty; give one fanout per layer, e.g. 15,10,5")
+        bad = [f for f in self.fanouts if f == 0 or f < -1]
+        if bad:
+            raise ValueError(f"fanout {bad[0]} is invalid; use a positive number of neighbours or -1 for all")
+        if self.gcn_norm:
+            self.self_loops = True
+
+
+class NeighborSampler:
+    """Samples in-neighbours layer by layer, seeds outward, on a CSC graph.
+
+    Args:
+        indptr: int64 [num_nodes + 1] CSC offsets.
+        indices: int64 [num_edges] source of each in-edge.
+        config: sampling settings.
+    """
+
+    def __init__(self, indptr: np.ndarray | Tensor, indices: np.ndarray | Tensor, config: SamplerConfig) -> None:
+        self.config = config
+        indptr = torch.as_tensor(indptr, dtype=torch.int64)
+        indices = torch.as_tensor(indices, dtype=torch.int64)
+        self.num_nodes = indptr.numel() - 1
+        empty = torch.empty(0, dtype=torch.int64)
+        self.graph = dgl.graph(("csc", (indptr, indices, empty)), num_nodes=self.num_nodes)
+        self.degree = (indptr[1:] - indptr[:-1]).to(torch.float32)
+        # DGL picks the fastest format per operation; keeping only CSC avoids a second full copy of the graph.
+        self.graph = self.graph.formats("csc")
+
+    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None) -> MiniBatch:
+        """Sample the computation graph of ``seeds`` (int64 [batch]) with ``fanouts`` (default: the config's)."""
+        fanouts = list(self.config.fanouts if fanouts is None else fanouts)
+        seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        blocks: list[Block] = []
+        dst = seeds
+        for fanout in reversed(fanouts):
+            frontier = dgl.sampling.sample_neighbors(self.graph, dst, fanout, replace=self.config.replace)
+            dgl_block = dgl.to_block(frontier, dst)
+            indptr, indices, _ = dgl_block.adj_tensors("csc")
+            block = Block(indptr=indptr, indices=indices, src_ids=dgl_block.srcdata[dgl.NID], num_dst=dst.numel())
+            if self.config.self_loops:
+                block = add_self_loops(block)
+            if self.config.gcn_norm:
+                block.edge_weight = self._gcn_weights(block)
+            blocks.insert(0, block)
+            dst = block.src_ids
+        return MiniBatch(seeds=seeds, blocks=blocks)
+
+    def _gcn_weights(self, block: Block) -> Tensor:
+        # Self-loops sit last in each destination's segment (see add_self_loops).
+        deg_tilde = self.degree + 1.0
+        dst_local = block.dst_index()
+        src_global = block.src_ids[block.indices]
+        dst_global = block.src_ids[dst_local]
+        weight = torch.rsqrt(deg_tilde[src_global] * deg_tilde[dst_global])
+        sampled = (block.in_degrees() - 1).to(torch.float32)
+        scale = self.degree[block.dst_ids] / sampled.clamp(min=1.0)
+        is_self = torch.zeros(block.num_edges, dtype=torch.bool)
+        is_self[block.indptr[1:] - 1] = True
+        return torch.where(is_self, weight, weight * scale[dst_local])
+
+
+def add_self_loops(block: Block) -> Block:
+    """Return ``block`` with one ``v -> v`` edge appended to each destination's in-edges."""
+    num_dst = block.num_dst
+    counts = block.in_degrees() + 1
+    indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    indices = torch.empty(int(indptr[-1]), dtype=torch.int64)
+    is_self = torch.zeros(indices.numel(), dtype=torch.bool)
+    is_self[indptr[1:] - 1] = True
+    indices[is_self] = torch.arange(num_dst)
+    indices[~is_self] = block.indices
+    return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst)
+
+
+class NodeLoader:
+    """Iterates over mini-batches of ``seeds`` in a shuffled (or fixed) order.
+
+    Args:
+        sampler: the neighbour sampler.
+        seeds: int64 [num_seeds] node ids to cover once per epoch.
+        batch_size: seeds per mini-batch (the last batch may be smaller).
+        shuffle: reshuffle the seeds each epoch.
+        seed: seed of the shuffling order; epoch ``e`` uses ``seed + e``.
+        fanouts: override the sampler's fanouts (e.g. ``[-1]`` for one full-neighbour hop).
+    """
+
+    def __init__(self, sampler: NeighborSampler, seeds: Tensor, batch_size: int, *, shuffle: bool = True,
+                 seed: int = 0, fanouts: Sequence[int] | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler = sampler
+        self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.fanouts = fanouts
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return (self.seeds.numel() + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[MiniBatch]:
+        order = self.seeds
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        self.epoch += 1
+        for start in range(0, order.numel(), self.batch_size):
+            yield self.sampler.sample(order[start:start + self.batch_size], self.fanouts)
