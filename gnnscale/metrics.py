@@ -1,0 +1,46 @@
+"""Evaluation metrics on plain tensors: accuracy and binary ROC-AUC (no scikit-learn needed)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def accuracy(logits: Tensor, labels: Tensor) -> float:
+    """Fraction of rows of ``logits`` float [n, C] whose argmax equals ``labels`` int64 [n]."""
+    if labels.numel() == 0:
+        return float("nan")
+    return (logits.argmax(-1) == labels).float().mean().item()
+
+
+def roc_auc(scores: Tensor, labels: Tensor) -> float:
+    """Area under the ROC curve of ``scores`` float [n] for binary ``labels`` int64 [n].
+
+    Computed as the Mann-Whitney U statistic with average ranks for ties, so it equals
+    scikit-learn's ``roc_auc_score``. NaN when only one class is present.
+    """
+    labels = labels.to(torch.bool)
+    num_pos = int(labels.sum())
+    num_neg = labels.numel() - num_pos
+    if num_pos == 0 or num_neg == 0:
+        return float("nan")
+    scores = scores.double()
+    order = torch.argsort(scores)
+    sorted_scores = scores[order]
+    # Average rank within each run of tied scores: ranks are 1-based positions in sorted order.
+    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    average_rank = ends - (counts.double() - 1) / 2
+    ranks = torch.empty_like(scores)
+    ranks[order] = average_rank[inverse]
+    rank_sum = ranks[labels].sum().item()
+    return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
+
+
+def evaluate(metric: str, logits: Tensor, labels: Tensor) -> float:
+    """The dataset's ``metric`` (``"accuracy"`` or ``"roc_auc"``) of ``logits`` against ``labels``."""
+    if metric == "accuracy":
+        return accuracy(logits, labels)
+    if metric == "roc_auc":
+        return roc_auc(torch.softmax(logits.float(), -1)[:, 1], labels)
+    raise ValueError(f"unknown metric {metric!r}; expected 'accuracy' or 'roc_auc'")

@@ -1,0 +1,197 @@
+"""Single-process mini-batch node classification with layer-wise full-neighbour evaluation."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gnnscale.batch import MiniBatch
+from gnnscale.data.dataset import GraphDataset
+from gnnscale.metrics import evaluate
+from gnnscale.nn import GNN, ModelConfig
+
+log = logging.getLogger("gnnscale.train")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Optimisation and evaluation schedule."""
+
+    epochs: int = 20
+    """Maximum number of passes over the training nodes."""
+    batch_size: int = 1024
+    """Seed nodes per mini-batch."""
+    lr: float = 0.01
+    """Adam learning rate."""
+    weight_decay: float = 5e-4
+    """Adam L2 penalty (the Planetoid recipes use 5e-4)."""
+    patience: int = 0
+    """Stop after this many evaluations without a better validation score; 0 never stops early."""
+    eval_every: int = 1
+    """Evaluate on the validation set every this many epochs (and after the last)."""
+    eval_batch_size: int = 8192
+    """Destination nodes per block in layer-wise inference."""
+    seed: int = 0
+    """Seeds torch, numpy, DGL's sampler and the batch order."""
+    device: str = "cpu"
+    """``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0 or self.patience < 0:
+            raise ValueError(f"weight_decay and patience must be >= 0, got {self.weight_decay} and {self.patience}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but torch sees no CUDA device; use --device cpu")
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    """What a run achieved, at the epoch with the best validation score."""
+
+    metric: str
+    val: float
+    test: float
+    best_epoch: int
+    epochs_run: int
+    train_seconds: float
+    history: list[dict]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG a run touches, so the same seed gives the same run."""
+    import dgl  # sampling only; imported here so the trainer module imports without DGL installed
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    dgl.seed(seed)
+
+
+class NodeClassificationTrainer:
+    """Trains a :class:`GNN` on one split of a dataset with sampled mini-batches.
+
+    Args:
+        dataset: the graph, features, labels and splits.
+        split: which split's masks to use.
+        model_config, sampler_config, config: each component's own settings.
+    """
+
+    def __init__(self, dataset: GraphDataset, *, split: int, model_config: ModelConfig, sampler_config,
+                 config: TrainConfig) -> None:
+        from samplers import NeighborSampler
+
+        if len(sampler_config.fanouts) != model_config.num_layers:
+            raise ValueError(f"got {len(sampler_config.fanouts)} fanouts for {model_config.num_layers} layers; "
+                             f"give one fanout per layer, e.g. --fanouts {','.join(['10'] * model_config.num_layers)}")
+        self.dataset, self.config = dataset, config
+        self.device = torch.device(config.device)
+        seed_everything(config.seed)
+        train_mask, val_mask, test_mask = dataset.split(split)
+        self.train_ids = torch.from_numpy(np.nonzero(train_mask)[0])
+        self.val_ids = torch.from_numpy(np.nonzero(val_mask)[0])
+        self.test_ids = torch.from_numpy(np.nonzero(test_mask)[0])
+        self.features = torch.from_numpy(dataset.features)
+        self.labels = torch.from_numpy(dataset.labels)
+        self.sampler = NeighborSampler(dataset.indptr, dataset.indices, sampler_config)
+        self.model = GNN(model_config, dataset.num_features, dataset.num_classes).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self._full_blocks: list | None = None
+
+    # ------------------------------------------------------------------ training
+    def _gather(self, batch: MiniBatch) -> tuple[MiniBatch, Tensor, Tensor]:
+        x = self.features[batch.input_ids].to(self.device, non_blocking=True)
+        y = self.labels[batch.seeds].to(self.device, non_blocking=True)
+        return batch.to(self.device, non_blocking=True), x, y
+
+    def train_epoch(self, loader) -> float:
+        """One pass over the training nodes; returns the mean loss."""
+        self.model.train()
+        total, count = 0.0, 0
+        for batch in loader:
+            batch, x, y = self._gather(batch)
+            loss = F.cross_entropy(self.model(batch.blocks, x), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item() * y.numel()
+            count += y.numel()
+        return total / max(count, 1)
+
+    # ------------------------------------------------------------------ evaluation
+    def _full_neighbour_blocks(self):
+        # Full-neighbour blocks are deterministic, so they are built once and reused by every evaluation.
+        if self._full_blocks is None:
+            nodes = torch.arange(self.dataset.num_nodes)
+            step = self.config.eval_batch_size
+            self._full_blocks = [self.sampler.sample(nodes[i:i + step], [-1]).blocks[0]
+                                 for i in range(0, nodes.numel(), step)]
+        return self._full_blocks
+
+    @torch.no_grad()
+    def inference(self) -> Tensor:
+        """Logits float [num_nodes, num_classes] of every node, layer by layer over all neighbours."""
+        self.model.eval()
+        h = self.features
+        for layer in range(self.model.num_layers):
+            out = torch.empty(self.dataset.num_nodes, self.model.output_width(layer))
+            for block in self._full_neighbour_blocks():
+                x = h[block.src_ids].to(self.device)
+                out[block.dst_ids] = self.model.layer(layer, block.to(self.device), x).cpu()
+            h = out
+        return h
+
+    def evaluate(self) -> tuple[float, float]:
+        """``(val, test)`` scores in the dataset's metric."""
+        logits = self.inference()
+        metric = self.dataset.metric
+        return (evaluate(metric, logits[self.val_ids], self.labels[self.val_ids]),
+                evaluate(metric, logits[self.test_ids], self.labels[self.test_ids]))
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainResult:
+        from samplers import NodeLoader
+
+        cfg = self.config
+        loader = NodeLoader(self.sampler, self.train_ids, cfg.batch_size, shuffle=True, seed=cfg.seed)
+        best = {"val": -float("inf"), "test": float("nan"), "epoch": 0, "state": None}
+        history: list[dict] = []
+        train_seconds, since_best, epoch = 0.0, 0, 0
+        log.info("training %s on %s: %d train / %d val / %d test nodes, %d batches per epoch",
+                 self.model.config.model, self.dataset.name, self.train_ids.numel(), self.val_ids.numel(),
+                 self.test_ids.numel(), len(loader))
+        for epoch in range(1, cfg.epochs + 1):
+            start = time.perf_counter()
+            loss = self.train_epoch(loader)
+            epoch_seconds = time.perf_counter() - start
+            train_seconds += epoch_seconds
+            record = {"epoch": epoch, "loss": loss, "epoch_seconds": epoch_seconds}
+            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                val, test = self.evaluate()
+                record.update(val=val, test=test)
+                if val > best["val"]:
+                    best.update(val=val, test=test, epoch=epoch, state=copy.deepcopy(self.model.state_dict()))
+                    since_best = 0
+                else:
+                    since_best += 1
+                log.info("epoch %3d  loss %.4f  %.2fs  val %s %.4f  (best %.4f @ %d)", epoch, loss, epoch_seconds,
+                         self.dataset.metric, val, best["val"], best["epoch"])
+            else:
+                log.info("epoch %3d  loss %.4f  %.2fs", epoch, loss, epoch_seconds)
+            history.append(record)
+            if cfg.patience and since_best >= cfg.patience:
+                log.info("early stop: no better validation score in %d evaluations", cfg.patience)
+                break
+        if best["state"] is not None:
+            self.model.load_state_dict(best["state"])
+        return TrainResult(metric=self.dataset.metric, val=best["val"], test=best["test"], best_epoch=best["epoch"],
+                           epochs_run=epoch, train_seconds=train_seconds, history=history)
