@@ -59,6 +59,7 @@ class NeighborSampler:
         indptr = torch.as_tensor(indptr, dtype=torch.int64)
         indices = torch.as_tensor(indices, dtype=torch.int64)
         self.num_nodes = indptr.numel() - 1
+        self.indptr, self.indices = indptr, indices
         empty = torch.empty(0, dtype=torch.int64)
         self.graph = dgl.graph(("csc", (indptr, indices, empty)), num_nodes=self.num_nodes)
         self.degree = (indptr[1:] - indptr[:-1]).to(torch.float32)
@@ -72,10 +73,17 @@ class NeighborSampler:
         blocks: list[Block] = []
         dst = seeds
         for fanout in reversed(fanouts):
-            frontier = dgl.sampling.sample_neighbors(self.graph, dst, fanout, replace=self.config.replace)
-            dgl_block = dgl.to_block(frontier, dst)
-            indptr, indices, _ = dgl_block.adj_tensors("csc")
-            block = Block(indptr=indptr, indices=indices, src_ids=dgl_block.srcdata[dgl.NID], num_dst=dst.numel())
+            if fanout == -1:
+                src, counts = self._all_in_edges(dst)
+            else:
+                frontier = dgl.sampling.sample_neighbors(self.graph, dst, fanout, replace=self.config.replace)
+                src, counts = _grouped_by_dst(frontier, dst)
+            # Our own compaction instead of dgl.to_block: DGL's parallel hash map numbers new source
+            # nodes in a thread-dependent order, so two identical runs would train on permuted blocks.
+            src_ids, local_src = compact(dst, src)
+            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+            torch.cumsum(counts, 0, out=indptr[1:])
+            block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel())
             if self.config.self_loops:
                 block = add_self_loops(block)
             if self.config.gcn_norm:
@@ -83,6 +91,16 @@ class NeighborSampler:
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
+
+    def _all_in_edges(self, dst: Tensor) -> tuple[Tensor, Tensor]:
+        """All in-neighbours of ``dst``, grouped by destination: ``(src int64 [E], counts int64 [num_dst])``."""
+        # Sliced from the CSC rather than sample_neighbors(-1), whose per-node order depends on threading.
+        starts = self.indptr[dst]
+        counts = self.indptr[dst + 1] - starts
+        total = int(counts.sum())
+        segment_start = torch.cumsum(counts, 0) - counts
+        positions = torch.arange(total) + torch.repeat_interleave(starts - segment_start, counts, output_size=total)
+        return self.indices[positions], counts
 
     def _gcn_weights(self, block: Block) -> Tensor:
         # Self-loops sit last in each destination's segment (see add_self_loops).
@@ -96,6 +114,38 @@ class NeighborSampler:
         is_self = torch.zeros(block.num_edges, dtype=torch.bool)
         is_self[block.indptr[1:] - 1] = True
         return torch.where(is_self, weight, weight * scale[dst_local])
+
+
+def _grouped_by_dst(frontier: dgl.DGLGraph, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """The frontier's edges as ``(src, counts)`` grouped in the order of ``dst``."""
+    src, edge_dst = frontier.edges()
+    counts = frontier.in_degrees(dst)
+    if not torch.equal(edge_dst, torch.repeat_interleave(dst, counts, output_size=edge_dst.numel())):
+        # DGL emits each seed's sample contiguously and in seed order; re-group should that ever change.
+        sorted_dst, perm = torch.sort(dst)
+        local = perm[torch.searchsorted(sorted_dst, edge_dst)]
+        src = src[torch.sort(local, stable=True).indices]
+    return src, counts
+
+
+def compact(dst: Tensor, src: Tensor) -> tuple[Tensor, Tensor]:
+    """Number the nodes of a block: ``dst`` first, then new sources in order of first appearance.
+
+    Args:
+        dst: int64 [num_dst] unique global ids of the destinations.
+        src: int64 [num_edges] global id of each edge's source.
+
+    Returns:
+        ``(src_ids, local_src)``: int64 [num_src] global ids with ``src_ids[:num_dst] == dst``,
+        and int64 [num_edges] position of each ``src`` in ``src_ids``.
+    """
+    # numpy's unique is a single sort here, about 4x faster than torch.unique on CPU (measured, 380k ids).
+    every = np.concatenate([dst.numpy(), src.numpy()])
+    unique, first, inverse = np.unique(every, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return torch.from_numpy(unique[order]), torch.from_numpy(rank[inverse[dst.numel():]])
 
 
 def add_self_loops(block: Block) -> Block:

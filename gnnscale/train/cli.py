@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-DATASETS = ("synthetic", "cora", "citeseer", "tolokers", "dgl", "ogb", "edgelist")
+from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
+
 DEFAULT_FANOUTS = (15, 10, 5)
 
 log = logging.getLogger("gnnscale.train")
@@ -29,16 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mini-batch node classification with sampled neighbourhoods; evaluates layer-wise over all "
                     "neighbours and keeps the epoch with the best validation score.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    data = parser.add_argument_group("data")
-    data.add_argument("--dataset", choices=DATASETS, default="synthetic", help="which loader to use")
-    data.add_argument("--data-dir", type=Path, help="folder (or file, for --dataset dgl) holding the data; "
-                      "not used by synthetic")
-    data.add_argument("--split", type=int, default=0, help="which split to train on, for datasets with several")
-    syn = parser.add_argument_group("synthetic graph (community-structured, power-law degrees)")
-    syn.add_argument("--num-nodes", type=int, default=100_000)
-    syn.add_argument("--avg-degree", type=float, default=10.0)
-    syn.add_argument("--num-classes", type=int, default=10)
-    syn.add_argument("--feat-dim", type=int, default=100)
+    add_dataset_arguments(parser)
     model = parser.add_argument_group("model")
     model.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage")
     model.add_argument("--num-layers", type=int, default=3)
@@ -60,23 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--patience", type=int, default=0, help="early-stop after this many evaluations without "
                        "improvement; 0 = off")
     train.add_argument("--eval-every", type=int, default=1)
-    train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json "
                         "(default: runs/<dataset>-<model>-seed<seed>)")
     parser.add_argument("--quiet", action="store_true", help="log only warnings and the final result")
     return parser
-
-
-def load(args: argparse.Namespace):
-    from gnnscale.data.loaders import load_dataset
-
-    if args.dataset == "synthetic":
-        return load_dataset("synthetic", None, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
-                            num_classes=args.num_classes, feat_dim=args.feat_dim, seed=args.seed)
-    if args.data_dir is None:
-        raise ValueError(f"--dataset {args.dataset} needs --data-dir pointing at its files")
-    return load_dataset(args.dataset, args.data_dir)
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -107,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     out = args.out if args.out is not None else Path("runs") / f"{args.dataset}-{args.model}-seed{args.seed}"
 
     start = time.perf_counter()
-    dataset = load(args)
+    dataset = dataset_from_args(args)
     log.info("loaded %r in %.1fs", dataset, time.perf_counter() - start)
     trainer = NodeClassificationTrainer(dataset, split=args.split, model_config=model_config,
                                         sampler_config=sampler_config, config=train_config)

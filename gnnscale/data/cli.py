@@ -1,0 +1,66 @@
+"""The common dataset command-line contract, shared by every gnnscale command.
+
+``add_dataset_arguments(parser)`` adds::
+
+    --dataset {synthetic,cora,citeseer,tolokers,dgl,ogb,edgelist}   which loader
+    --data-dir PATH                                                 where its files are
+    --split I                                                       which split, for datasets with several
+    --num-nodes N --avg-degree D --num-classes C --feat-dim F       the synthetic graph
+    --seed S                                                        seed of the synthetic graph (and of
+                                                                    whatever else the command randomises)
+
+and ``dataset_from_args(args)`` turns them into a :class:`GraphDataset`.  Kept free of
+heavy imports: a command that only partitions or verifies never imports torch or dgl
+unless its dataset format needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gnnscale.data.dataset import GraphDataset
+
+DATASETS = ("synthetic", "cora", "citeseer", "tolokers", "dgl", "ogb", "edgelist")
+"""The ``--dataset`` choices."""
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str | None = "synthetic") -> None:
+    """Add the common dataset options to ``parser`` (two argument groups).
+
+    Args:
+        parser: the command's parser.
+        default: the ``--dataset`` default; ``None`` for commands where the dataset is optional
+            (``args.dataset`` is then ``None`` when the option is not given).
+    """
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", choices=DATASETS, default=default, help="which loader to use")
+    data.add_argument("--data-dir", type=Path, help="folder (or file, for --dataset dgl) holding the data; "
+                      "not used by synthetic")
+    data.add_argument("--split", type=int, default=0, help="which split to use, for datasets with several")
+    syn = parser.add_argument_group("synthetic graph (community-structured, power-law degrees)")
+    syn.add_argument("--num-nodes", type=int, default=100_000)
+    syn.add_argument("--avg-degree", type=float, default=10.0)
+    syn.add_argument("--num-classes", type=int, default=10)
+    syn.add_argument("--feat-dim", type=int, default=100)
+    syn.add_argument("--seed", type=int, default=0, help="seed of the synthetic graph, and of everything else "
+                     "this command randomises")
+
+
+def dataset_from_args(args: argparse.Namespace) -> GraphDataset:
+    """Load the dataset named by the options of :func:`add_dataset_arguments`.
+
+    Raises:
+        ValueError: ``--dataset`` is missing, or needs ``--data-dir`` and got none.
+        DatasetError: the data is missing or malformed (a ``ValueError`` too).
+    """
+    from gnnscale.data.loaders import load_dataset
+
+    if args.dataset is None:
+        raise ValueError("no --dataset given; pass --dataset and, except for synthetic, --data-dir")
+    if args.dataset == "synthetic":
+        return load_dataset("synthetic", None, num_nodes=args.num_nodes, avg_degree=args.avg_degree,
+                            num_classes=args.num_classes, feat_dim=args.feat_dim, seed=args.seed)
+    if args.data_dir is None:
+        raise ValueError(f"--dataset {args.dataset} needs --data-dir pointing at its files")
+    return load_dataset(args.dataset, args.data_dir)
