@@ -146,6 +146,17 @@ def test_edgelist_missing_folder_and_edges(tmp_path: Path, edgelist_dir: Path) -
         load_dataset("edgelist", edgelist_dir)
 
 
+def test_edgelist_bad_or_ambiguous_edges_npy(edgelist_dir: Path) -> None:
+    np.save(edgelist_dir / "edges.npy", np.array([[0, 1], [1, 2]]))
+    with pytest.raises(DatasetError, match=r"edges: several edge files exist \(edges\.csv, edges\.npy\); keep only one"):
+        load_dataset("edgelist", edgelist_dir)
+    (edgelist_dir / "edges.csv").unlink()
+    np.save(edgelist_dir / "edges.npy", np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(DatasetError, match=r"edges\.npy: edges: expected an integer array of shape \[num_edges, 2\], "
+                                           r"got float64 \[3\]; save np\.stack"):
+        load_dataset("edgelist", edgelist_dir)
+
+
 def test_edgelist_feature_rows_mismatch(edgelist_dir: Path, tiny: dict[str, np.ndarray]) -> None:
     np.save(edgelist_dir / "features.npy", tiny["features"][:5])
     with pytest.raises(DatasetError, match=r"features\.npy: features: expected shape \[6, num_features\], "

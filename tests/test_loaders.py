@@ -125,6 +125,13 @@ def test_edgelist_whitespace_directed_random_split(edgelist_dir: Path) -> None:
     np.testing.assert_array_equal(again.train_masks, ds.train_masks)
 
 
+def test_edgelist_binary_edges_npy(edgelist_dir: Path, tiny: dict[str, np.ndarray]) -> None:
+    (edgelist_dir / "edges.csv").unlink()
+    np.save(edgelist_dir / "edges.npy", tiny["edges"].astype(np.int32))
+    ds = load_dataset("edgelist", edgelist_dir)
+    check_tiny(ds, tiny, num_splits=2)
+
+
 def test_ogb_layout(ogb_dir: Path, tiny: dict[str, np.ndarray]) -> None:
     ds = load_dataset("ogb", ogb_dir)
     check_tiny(ds, tiny, num_splits=1)

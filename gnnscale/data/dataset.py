@@ -172,17 +172,29 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    if symmetrize:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     if remove_self_loops:
         keep = src != dst
-        src, dst = src[keep], dst[keep]
-    # Sorting by a single int64 key (dst-major) groups in-edges by destination and,
-    # after sorting, makes duplicates adjacent.
-    key = dst * np.int64(num_nodes) + src
-    key = np.unique(key) if dedup else np.sort(key)
-    dst_sorted = key // num_nodes
-    indices = key - dst_sorted * num_nodes
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst_sorted, minlength=num_nodes), out=indptr[1:])
+        if not keep.all():
+            src, dst = src[keep], dst[keep]
+    # One int64 key per edge, dst-major: sorting groups in-edges by destination and makes
+    # duplicates adjacent.  Built, sorted and reduced in place (no concatenated copies of
+    # src/dst, no np.unique copy): about half the time and memory of the obvious version.
+    num = src.shape[0]
+    key = np.empty(2 * num if symmetrize else num, dtype=np.int64)
+    np.multiply(dst, num_nodes, out=key[:num])
+    key[:num] += src
+    if symmetrize:
+        np.multiply(src, num_nodes, out=key[num:])
+        key[num:] += dst
+    key.sort(kind="stable")  # timsort: linear on the sorted runs edge lists often hold
+    if dedup and key.size:
+        fresh = np.empty(key.shape[0], dtype=bool)
+        fresh[0] = True
+        np.not_equal(key[1:], key[:-1], out=fresh[1:])
+        key = key[fresh]
+    # Destination v's keys are [v * N, (v + 1) * N): offsets by binary search, then sources
+    # by subtracting each key's destination (cheaper than an integer division per edge).
+    indptr = np.searchsorted(key, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
+    indices = key
+    indices -= np.repeat(np.arange(num_nodes, dtype=np.int64) * num_nodes, np.diff(indptr))
     return indptr, indices

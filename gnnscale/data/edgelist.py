@@ -5,6 +5,7 @@
     DIR/edges.csv or DIR/edges.txt   two integer columns "src dst", comma or whitespace
                                      separated; '#' starts a comment; an optional
                                      header line (e.g. "src,dst") is skipped
+    or DIR/edges.npy                 int [E, 2] rows "src dst": no parsing, for large graphs
     DIR/features.npy                 float [N, F]
     DIR/labels.npy                   int   [N]          N = len(labels) = number of nodes
     DIR/train_mask.npy               bool  [N] or [S, N]   optional, all three or none
@@ -88,18 +89,26 @@ def _load_npy(path: Path, field_name: str) -> np.ndarray:
 
 
 def _find_edge_file(folder: Path) -> Path:
-    candidates = [folder / "edges.csv", folder / "edges.txt"]
+    candidates = [folder / "edges.csv", folder / "edges.txt", folder / "edges.npy"]
     found = [path for path in candidates if path.is_file()]
     if not found:
         raise fail(str(candidates[0]), "edges", "file not found (nor edges.txt)",
-                   f"put the edge list, one 'src dst' pair per line, in edges.csv or edges.txt; {_FORMAT_FIX}")
+                   f"put the edge list, one 'src dst' pair per line, in edges.csv or edges.txt (or an int [E, 2] "
+                   f"array in edges.npy); {_FORMAT_FIX}")
     if len(found) > 1:
-        raise fail(str(folder), "edges", "both edges.csv and edges.txt exist", "keep only one of them")
+        raise fail(str(folder), "edges", f"several edge files exist ({', '.join(p.name for p in found)})",
+                   "keep only one of them")
     return found[0]
 
 
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """int64 ``(src, dst)`` [num_edges] from a two-column text file, parsed by pandas' C reader."""
+    """int64 ``(src, dst)`` [num_edges] from an int [E, 2] ``.npy`` or a two-column text file (pandas' C reader)."""
+    if path.suffix == ".npy":
+        edges = _load_npy(path, "edges")
+        if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
+            raise fail(str(path), "edges", f"expected an integer array of shape [num_edges, 2], got "
+                       f"{edges.dtype} {list(edges.shape)}", "save np.stack([src, dst], axis=1) with np.save")
+        return edges[:, 0], edges[:, 1]
     first = _first_data_line(path)
     if first is None:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
