@@ -1,0 +1,168 @@
+"""``load_partition``: what rank ``r`` of the distributed runtime opens -- its own partition, memory-mapped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partition.book import PartitionBook
+from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file, read_manifest
+
+
+@dataclass(kw_only=True, frozen=True)
+class Partition:
+    """One partition's arrays (read-only memmaps) and the book of the whole graph.
+
+    ``n`` owned nodes with new global ids ``[start, end)`` (``node_range``); local id ``i``
+    is global id ``start + i``.
+    """
+
+    part: int
+    """This partition's id, in ``[0, num_parts)``."""
+    book: PartitionBook
+    """Id maps of the whole graph."""
+    indptr: np.ndarray
+    """int64 [n + 1]: CSC offsets over owned local destination ids."""
+    indices: np.ndarray
+    """int64 [num_edges]: the source of every in-edge of an owned node, in new global ids."""
+    halo_ids: np.ndarray
+    """int64 [num_halo]: sorted new global ids of the non-owned nodes within ``halo_hops`` in-hops."""
+    orig_ids: np.ndarray
+    """int64 [n]: the original id of each owned node."""
+    features: np.ndarray
+    """[n, F] (dtype as the source, float32 for gnnscale datasets): owned nodes' features."""
+    labels: np.ndarray
+    """int64 [n]."""
+    train_masks: np.ndarray
+    """bool [num_splits, n]."""
+    val_masks: np.ndarray
+    """bool [num_splits, n]."""
+    test_masks: np.ndarray
+    """bool [num_splits, n]."""
+    num_classes: int
+    """Number of label classes of the whole dataset."""
+    metric: str
+    """``"accuracy"`` or ``"roc_auc"``."""
+    manifest: dict[str, Any] = field(repr=False)
+    """The parsed ``manifest.json``."""
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        return self.book.node_range(self.part)
+
+    @property
+    def num_nodes(self) -> int:
+        """Owned nodes."""
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def num_halo(self) -> int:
+        return int(self.halo_ids.shape[0])
+
+
+def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = False) -> Partition:
+    """Open partition ``rank`` of the folder ``root``: its arrays memory-mapped, nothing else read.
+
+    Checks the manifest (format, version, id ranges) and, for ``orig2new.npy`` and this
+    partition's files, existence, size, ``.npy`` header, dtype and shape; with
+    ``verify_checksums`` also their sha256 (which reads them whole; ``python -m partition
+    verify`` checks every file).
+
+    Raises:
+        FileNotFoundError: the folder, its manifest or one of the files is missing.
+        PartitionError: a file is truncated, corrupted (with ``verify_checksums``), or
+            inconsistent with the manifest; the manifest is of a newer format version.
+        ValueError: ``rank`` is not a partition of this folder.
+    """
+    root = Path(root)
+    manifest = read_manifest(root)
+    num_parts = manifest["num_parts"]
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_parts:
+        raise ValueError(f"rank {rank!r} has no partition: {root} holds {num_parts} partition(s), 0..{num_parts - 1}; "
+                         f"launch {num_parts} processes, or re-partition with --num-parts equal to the world size")
+    book = open_book(root, manifest, checksums=verify_checksums)
+    arrays = open_part_arrays(root, manifest, int(rank), checksums=verify_checksums)
+    return Partition(part=int(rank), book=book, num_classes=manifest["num_classes"], metric=manifest["metric"],
+                     manifest=manifest, **arrays)
+
+
+def open_book(root: Path, manifest: dict, *, checksums: bool) -> PartitionBook:
+    """The book of a partition folder: ``node_ranges`` checked to tile ``[0, N)``, ``orig2new`` memory-mapped."""
+    num_nodes, num_parts = manifest["num_nodes"], manifest["num_parts"]
+    offsets = node_offsets(manifest)
+    orig2new = open_array(root, ORIG2NEW, _record(manifest, ORIG2NEW, "int64", [num_nodes]), checksum=checksums)
+
+    def orig_ids(part: int) -> np.ndarray:
+        rel = part_file(part, "orig_ids")
+        return open_array(root, rel, _record(manifest, rel, "int64", [int(offsets[part + 1] - offsets[part])]),
+                          checksum=checksums)
+
+    assert offsets.shape[0] == num_parts + 1
+    return PartitionBook(offsets=offsets, orig2new=orig2new, orig_ids=orig_ids)
+
+
+def node_offsets(manifest: dict) -> np.ndarray:
+    """int64 [K + 1] from ``node_ranges``, after checking that the ranges tile ``[0, num_nodes)`` in order."""
+    ranges, num_parts, num_nodes = manifest["node_ranges"], manifest["num_parts"], manifest["num_nodes"]
+    if not isinstance(ranges, list) or len(ranges) != num_parts:
+        raise PartitionError(f"manifest.json: node_ranges must list {num_parts} [start, end) pairs, got "
+                             f"{len(ranges) if isinstance(ranges, list) else ranges!r}")
+    offsets = [0]
+    for part, pair in enumerate(ranges):
+        if not (isinstance(pair, list) and len(pair) == 2 and pair[0] == offsets[-1] and pair[1] >= pair[0]):
+            raise PartitionError(f"manifest.json: node_ranges[{part}] = {pair!r} does not continue the tiling of "
+                                 f"[0, {num_nodes}) at {offsets[-1]}: partition id ranges must be contiguous and "
+                                 f"in order")
+        offsets.append(pair[1])
+    if offsets[-1] != num_nodes:
+        raise PartitionError(f"manifest.json: node_ranges end at {offsets[-1]}, but num_nodes is {num_nodes}: "
+                             f"the ranges do not tile [0, {num_nodes})")
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def expected_shapes(manifest: dict, part: int) -> dict[str, tuple[str, list[int]]]:
+    """``{array name: (dtype, shape)}`` of partition ``part``'s files, derived from the manifest's counts."""
+    try:
+        start, end = manifest["node_ranges"][part]
+        n = end - start
+        info = manifest["parts"][part]
+        data = manifest["node_data"]
+        num_splits = manifest["num_splits"]
+        return {"indptr": ("int64", [n + 1]), "indices": ("int64", [info["num_edges"]]),
+                "halo_ids": ("int64", [info["num_halo"]]), "orig_ids": ("int64", [n]),
+                "features": (data["features"]["dtype"], [n, data["features"]["shape"][1]]),
+                "labels": (data["labels"]["dtype"], [n]),
+                **{name: ("bool", [num_splits, n]) for name in ("train_masks", "val_masks", "test_masks")}}
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise PartitionError(f"manifest.json: the entries of partition {part} are malformed ({err!r}); re-create "
+                             f"the folder with python -m partition ... --force") from None
+
+
+def open_part_arrays(root: Path, manifest: dict, part: int, *, checksums: bool) -> dict[str, np.ndarray]:
+    """Every array of partition ``part`` (read-only memmaps), each checked against the manifest."""
+    shapes = expected_shapes(manifest, part)
+    arrays = {}
+    for name in PART_ARRAYS:
+        rel = part_file(part, name)
+        dtype, shape = shapes[name]
+        arrays[name] = open_array(root, rel, _record(manifest, rel, dtype, shape), checksum=checksums)
+    return arrays
+
+
+def _record(manifest: dict, rel: str, dtype: str, shape: list[int]) -> dict:
+    """The manifest's record of file ``rel``, after checking it describes the expected array."""
+    record = manifest["files"].get(rel)
+    if record is None:
+        raise PartitionError(f"manifest.json does not list {rel}; the folder is incomplete: re-create it with "
+                             f"python -m partition ... --force")
+    if record.get("dtype") != dtype or list(record.get("shape", [])) != list(shape):
+        raise PartitionError(f"manifest.json: {rel} is recorded as {record.get('dtype')} {record.get('shape')}, "
+                             f"but the partition's counts imply {dtype} {shape}; the manifest is inconsistent")
+    return record

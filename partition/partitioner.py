@@ -1,0 +1,126 @@
+"""``partition_graph``: assign, relabel, write, checksum -- one stage after another, into an atomic folder."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+from gnnscale.data.dataset import GraphDataset
+from partition.assign import assign_parts
+from partition.book import PartitionBook
+from partition.config import PartitionConfig
+from partition.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, ORIG2NEW, ArrayWriter
+from partition.report import StageMonitor, quality_figures
+from partition.writer import atomic_directory, check_output, write_partitions
+
+log = logging.getLogger("partition")
+
+
+def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: PartitionConfig, *, force: bool = False,
+                    command: str | None = None, monitor: StageMonitor | None = None) -> dict:
+    """Partition ``dataset`` into ``config.num_parts`` parts and write the folder ``out_dir``.
+
+    The folder appears complete or not at all: it is written as a temporary sibling and
+    renamed at the end; on any error or interrupt nothing is left behind.
+
+    Args:
+        dataset: the graph, features, labels and masks.
+        out_dir: the partition folder to create (the layout is drawn in :mod:`partition`).
+        config: what to do.
+        force: replace an existing partition folder (only once the new one is complete).
+        command: the command line to record in the manifest.
+        monitor: stage timer to continue (the command line times loading with it); a new
+            one logging to the ``partition`` logger otherwise.
+
+    Returns:
+        The manifest, as written to ``out_dir/manifest.json``.
+
+    Raises:
+        ValueError: ``num_parts`` exceeds the number of nodes, or ``split`` does not exist.
+        FileExistsError: ``out_dir`` exists and ``force`` is off (or it is not a partition folder).
+    """
+    out = Path(out_dir)
+    check_output(out, force)
+    if config.num_parts > dataset.num_nodes:
+        raise ValueError(f"num_parts={config.num_parts} exceeds the number of nodes of {dataset.name} "
+                         f"({dataset.num_nodes:,}); pass --num-parts {dataset.num_nodes} or fewer")
+    dataset.split(config.split)  # raises, naming the valid range, before any work
+    monitor = monitor or StageMonitor(log.info)
+
+    with monitor.stage("metis" if config.method == "metis" and config.num_parts > 1 else "assign"):
+        parts, assign_info = assign_parts(dataset, config)
+    with monitor.stage("relabel"):
+        book, new2orig = PartitionBook.from_parts(parts, config.num_parts)
+        del parts
+    empty = [p for p in range(book.num_parts) if book.num_owned(p) == 0]
+    if empty:
+        warnings.warn(f"partition(s) {empty} own no nodes: {dataset.name} is too small or too disconnected for "
+                      f"{config.num_parts} balanced parts; use fewer --num-parts", stacklevel=2)
+
+    with atomic_directory(out, force=force) as tmp:
+        writer = ArrayWriter(tmp)
+        try:
+            with monitor.stage("write"):
+                writer.write(ORIG2NEW, book.orig2new)
+                part_stats = write_partitions(dataset, book, new2orig, writer, halo_hops=config.halo_hops,
+                                              split=config.split)
+            # Hashes are computed by the writer thread while the data is written; this stage
+            # is what remains of that work after the last chunk was queued.
+            with monitor.stage("checksum"):
+                files = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        quality = quality_figures(part_stats, dataset.num_edges, assign_info.get("balance", []),
+                                  assign_info.get("metis_cut_undirected_edges"))
+        manifest = build_manifest(dataset, config, book, part_stats, files, quality, assign_info,
+                                  monitor.summary(), command)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: PartitionBook, part_stats: list[dict],
+                   files: dict, quality: dict, assign_info: dict, stages: dict, command: str | None) -> dict:
+    """The ``manifest.json`` contents (field meanings are listed in :mod:`partition`)."""
+    n, s = dataset.num_nodes, dataset.num_splits
+    partitioning = {"method": config.method, "num_parts": config.num_parts, "seed": config.seed,
+                    "balance_requested": list(config.balance), **assign_info}
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "dataset": {"name": dataset.name, "source": dataset.source},
+        "num_nodes": n,
+        "num_edges": dataset.num_edges,
+        "num_parts": book.num_parts,
+        "node_ranges": [book.node_range(p) for p in range(book.num_parts)],
+        "num_classes": dataset.num_classes,
+        "metric": dataset.metric,
+        "num_splits": s,
+        "halo_hops": config.halo_hops,
+        "node_data": {
+            "features": {"dtype": str(dataset.features.dtype), "shape": [n, dataset.num_features]},
+            "labels": {"dtype": str(dataset.labels.dtype), "shape": [n]},
+            "train_masks": {"dtype": "bool", "shape": [s, n]},
+            "val_masks": {"dtype": "bool", "shape": [s, n]},
+            "test_masks": {"dtype": "bool", "shape": [s, n]},
+        },
+        "partitioning": partitioning,
+        "quality": quality,
+        "stages": stages,
+        "parts": part_stats,
+        "files": dict(sorted(files.items())),
+        "command": command,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gnnscale_version": _version(),
+    }
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gnnscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"

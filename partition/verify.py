@@ -1,0 +1,197 @@
+"""``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
+
+Checks, in order (each failure raises :class:`PartitionError` naming the file and the problem):
+
+1. the manifest: our format, a version this code reads, every key present;
+2. files: every array of the format is listed, present, of the recorded size and (unless
+   ``checksums=False``) sha256;
+3. id ranges: ``node_ranges`` tile ``[0, N)`` contiguously, in partition order;
+4. arrays: each ``.npy`` header matches the manifest's dtype and shape;
+5. ownership: ``orig2new[orig_ids of p]`` is exactly ``p``'s range for every ``p``, so each
+   original node is owned exactly once and the id maps invert each other;
+6. structure: offsets start at 0, never decrease and end at the edge count; sources are
+   valid ids; edge counts sum to the manifest's; labels lie in ``[0, num_classes)``; the halo
+   is sorted, outside the owned range, and equals the H-hop in-neighbourhood recomputed
+   from the partitions' own edges;
+7. with a dataset: the same sizes; each owned node's stored in-edges equal the dataset's
+   (as a multiset, in original ids) -- hence every original edge is stored exactly once, as
+   an in-edge of its destination's owner; features, labels and masks equal the dataset's rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gnnscale.data.dataset import GraphDataset
+from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, check_file, part_file, read_manifest
+from partition.halo import expand_halo
+from partition.load import node_offsets, open_book, open_part_arrays
+from partition.segments import gather_segments, node_chunks
+
+_ROW_CHUNK_BYTES = 64 << 20
+
+
+def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: bool = True,
+           log: Callable[[str], None] | None = None) -> dict:
+    """Check the partition folder ``root``; raise at the first problem.
+
+    Args:
+        root: the folder written by ``python -m partition``.
+        dataset: the source dataset to compare edges, features, labels and masks with.
+        checksums: also hash every file (reads all of them once).
+        log: called with one line per passed group of checks.
+
+    Returns:
+        A summary: ``num_parts``, ``num_nodes``, ``num_edges``, ``checksums``, ``dataset`` and ``checks``.
+
+    Raises:
+        FileNotFoundError: the folder, its manifest or a file is missing.
+        PartitionError: any other failed check.
+    """
+    root = Path(root)
+    say = log or (lambda line: None)
+    checks: list[str] = []
+
+    def passed(line: str) -> None:
+        checks.append(line)
+        say(line)
+
+    manifest = read_manifest(root)
+    num_parts, num_nodes = manifest["num_parts"], manifest["num_nodes"]
+    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in PART_ARRAYS]
+    for rel in needed:
+        if rel not in manifest["files"]:
+            raise PartitionError(f"manifest.json does not list {rel}, which the format requires")
+        check_file(root, rel, manifest["files"][rel], checksum=checksums)
+    passed(f"files: {len(needed)} present with the recorded sizes" + (" and sha256" if checksums else ""))
+
+    offsets = node_offsets(manifest)
+    passed(f"id ranges: {num_parts} contiguous ranges tile [0, {num_nodes})")
+    book = open_book(root, manifest, checksums=False)
+    parts = [open_part_arrays(root, manifest, p, checksums=False) for p in range(num_parts)]
+    passed("arrays: every .npy header matches the manifest's dtype and shape")
+
+    new2orig = _check_ownership(book.orig2new, parts, offsets)
+    passed("ownership: every original node is owned exactly once; orig2new and orig_ids invert each other")
+
+    _check_structure(manifest, parts, offsets)
+    passed(f"structure: CSC offsets, source ids, edge count {manifest['num_edges']:,}, labels and "
+           f"{manifest['halo_hops']}-hop halos are consistent")
+
+    if dataset is not None:
+        _compare_with_dataset(manifest, parts, offsets, new2orig, dataset)
+        passed(f"dataset {dataset.name}: every edge stored exactly once as an owned in-edge; features, labels "
+               f"and masks equal")
+    return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"],
+            "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
+
+
+def _check_ownership(orig2new: np.ndarray, parts: list[dict], offsets: np.ndarray) -> np.ndarray:
+    """Check that ``orig2new`` maps each partition's ``orig_ids`` onto its range; return new2orig, int64 [N]."""
+    num_nodes = int(offsets[-1])
+    new2orig = np.empty(num_nodes, dtype=np.int64)
+    for p, arrays in enumerate(parts):
+        orig = np.asarray(arrays["orig_ids"])
+        if orig.size and (orig.min() < 0 or orig.max() >= num_nodes):
+            raise PartitionError(f"{part_file(p, 'orig_ids')}: original ids outside [0, {num_nodes})")
+        expected = np.arange(offsets[p], offsets[p + 1], dtype=np.int64)
+        mapped = np.asarray(orig2new[orig])
+        if not np.array_equal(mapped, expected):
+            local = int(np.flatnonzero(mapped != expected)[0])
+            raise PartitionError(f"{part_file(p, 'orig_ids')} and {ORIG2NEW} disagree: local node {local} is "
+                                 f"original node {int(orig[local])}, whose new id is {int(mapped[local])}, not "
+                                 f"{int(expected[local])}; a node is owned twice or the id maps are corrupted")
+        new2orig[offsets[p]:offsets[p + 1]] = orig
+    return new2orig
+
+
+def _check_structure(manifest: dict, parts: list[dict], offsets: np.ndarray) -> None:
+    num_nodes, num_classes, hops = manifest["num_nodes"], manifest["num_classes"], manifest["halo_hops"]
+
+    def in_neighbors(new_ids: np.ndarray) -> np.ndarray:
+        owners = np.searchsorted(offsets, new_ids, side="right") - 1
+        found = [gather_segments(parts[q]["indptr"], parts[q]["indices"], new_ids[owners == q] - offsets[q])
+                 for q in np.unique(owners)]
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    total = 0
+    for p, arrays in enumerate(parts):
+        start, end = int(offsets[p]), int(offsets[p + 1])
+        indptr, indices = np.asarray(arrays["indptr"]), arrays["indices"]
+        if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(indptr[1:] < indptr[:-1]):
+            raise PartitionError(f"{part_file(p, 'indptr')}: offsets must rise from 0 to {indices.shape[0]} "
+                                 f"(the number of stored in-edges) without decreasing")
+        outside = []
+        for lo, hi in node_chunks(indptr):
+            sources = np.asarray(indices[indptr[lo]:indptr[hi]])
+            if sources.size and (sources.min() < 0 or sources.max() >= num_nodes):
+                raise PartitionError(f"{part_file(p, 'indices')}: source ids outside [0, {num_nodes})")
+            outside.append(np.unique(sources[(sources < start) | (sources >= end)]))
+        total += indices.shape[0]
+        labels = np.asarray(arrays["labels"])
+        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+            raise PartitionError(f"{part_file(p, 'labels')}: labels outside [0, {num_classes})")
+        halo = np.asarray(arrays["halo_ids"])
+        first_hop = np.unique(np.concatenate(outside)) if outside else np.zeros(0, dtype=np.int64)
+        expected = np.zeros(0, dtype=np.int64) if hops == 0 else \
+            expand_halo(first_hop, (start, end), hops, num_nodes, in_neighbors)
+        if not np.array_equal(halo, expected):
+            raise PartitionError(f"{part_file(p, 'halo_ids')}: holds {halo.shape[0]} ids, but the {hops}-hop "
+                                 f"in-neighbourhood of the owned nodes outside them has {expected.shape[0]} "
+                                 f"(sorted, unique, new global ids expected)")
+    if total != manifest["num_edges"]:
+        raise PartitionError(f"the partitions store {total:,} in-edges in all, manifest.json says "
+                             f"{manifest['num_edges']:,}")
+
+
+def _compare_with_dataset(manifest: dict, parts: list[dict], offsets: np.ndarray, new2orig: np.ndarray,
+                          dataset: GraphDataset) -> None:
+    facts = {"num_nodes": dataset.num_nodes, "num_edges": dataset.num_edges, "num_classes": dataset.num_classes,
+             "num_splits": dataset.num_splits}
+    for key, value in facts.items():
+        if manifest[key] != value:
+            raise PartitionError(f"dataset {dataset.name} has {key}={value}, the partition folder "
+                                 f"{manifest[key]}: it was made from another dataset")
+    if list(manifest["node_data"]["features"]["shape"]) != list(dataset.features.shape):
+        raise PartitionError(f"dataset {dataset.name} has features {list(dataset.features.shape)}, the partition "
+                             f"folder {manifest['node_data']['features']['shape']}")
+    num_nodes = dataset.num_nodes
+    degrees = dataset.in_degrees()
+    row_bytes = max(1, dataset.features.dtype.itemsize * dataset.num_features)
+    for p, arrays in enumerate(parts):
+        orig = np.asarray(arrays["orig_ids"])
+        indptr, indices = np.asarray(arrays["indptr"]), arrays["indices"]
+        stored_degrees = np.diff(indptr)
+        if not np.array_equal(stored_degrees, degrees[orig]):
+            local = int(np.flatnonzero(stored_degrees != degrees[orig])[0])
+            raise PartitionError(f"{part_file(p, 'indptr')}: original node {int(orig[local])} has "
+                                 f"{int(stored_degrees[local])} stored in-edges, the dataset "
+                                 f"{int(degrees[orig[local]])}")
+        for lo, hi in node_chunks(indptr):
+            stored = new2orig[np.asarray(indices[indptr[lo]:indptr[hi]])]
+            expected = gather_segments(dataset.indptr, dataset.indices, orig[lo:hi])
+            if np.array_equal(stored, expected):
+                continue  # same order as the source: the common case, no sort needed
+            # Otherwise compare per destination as multisets: sort by (local destination, source).
+            rows = np.repeat(np.arange(hi - lo, dtype=np.int64), stored_degrees[lo:hi]) * num_nodes
+            stored_keys, expected_keys = np.sort(rows + stored), np.sort(rows + expected)
+            if not np.array_equal(stored_keys, expected_keys):
+                local = lo + int((stored_keys[stored_keys != expected_keys][0]) // num_nodes)
+                raise PartitionError(f"{part_file(p, 'indices')}: the in-edges of original node {int(orig[local])} "
+                                     f"differ from the dataset's")
+        chunk = max(1, _ROW_CHUNK_BYTES // row_bytes)
+        for lo in range(0, orig.shape[0], chunk):
+            if not np.array_equal(arrays["features"][lo:lo + chunk], dataset.features[orig[lo:lo + chunk]]):
+                raise PartitionError(f"{part_file(p, 'features')}: rows {lo}..{min(lo + chunk, orig.shape[0]) - 1} "
+                                     f"differ from the dataset's features of their original nodes")
+        checks = (("labels", arrays["labels"], dataset.labels[orig]),
+                  ("train_masks", arrays["train_masks"], dataset.train_masks[:, orig]),
+                  ("val_masks", arrays["val_masks"], dataset.val_masks[:, orig]),
+                  ("test_masks", arrays["test_masks"], dataset.test_masks[:, orig]))
+        for name, stored_array, expected_array in checks:
+            if not np.array_equal(stored_array, expected_array):
+                raise PartitionError(f"{part_file(p, name)}: differs from the dataset's {name.rstrip('s')} of "
+                                     f"the owned nodes")
