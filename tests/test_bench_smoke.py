@@ -1,0 +1,46 @@
+"""End-to-end smoke run of scripts/bench_single_process.py on a tiny graph (about 15 s).
+
+Checks that both sides run in their child processes and the JSON report is complete;
+it asserts nothing about speed (timing claims live in the benchmark's own output).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dgl")  # not importable on the GPU image
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_single_process.py"
+
+
+def test_bench_single_process_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-W", "ignore", str(SCRIPT), "--num-nodes", "10000", "--feat-dim", "16",
+               "--epochs", "1", "--repeats", "1", "--threads", "1", "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ours/DGL" in proc.stdout
+
+    report = json.loads(out.read_text())
+    assert report["graph"]["num_nodes"] == 10000
+    assert report["settings"]["threads"] == 1
+    for side in ("ours", "dgl"):
+        (run,) = report["runs"][side]
+        assert len(run["epoch_seconds"]) == 1
+        assert run["num_batches"] == math.ceil(report["graph"]["num_train"] / 1024)
+        assert 0.0 <= run["val_accuracy"] <= 1.0
+        assert run["peak_rss_gib"] >= run["rss_data_gib"] > 0
+    for row in report["summary"].values():
+        assert row["ours"] > 0 and row["dgl"] > 0 and row["ratio"] > 0
+
+
+def test_bench_single_process_rejects_bad_counts() -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--epochs", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "--epochs must be >= 1, got 0" in proc.stderr
