@@ -63,6 +63,8 @@ class NeighborSampler:
         empty = torch.empty(0, dtype=torch.int64)
         self.graph = dgl.graph(("csc", (indptr, indices, empty)), num_nodes=self.num_nodes)
         self.degree = (indptr[1:] - indptr[:-1]).to(torch.float32)
+        # 1/sqrt(degree + 1) once per graph, not per block: the GCN weights of every block look it up.
+        self._inv_sqrt_deg_tilde = torch.rsqrt(self.degree + 1.0) if config.gcn_norm else None
         # DGL picks the fastest format per operation; keeping only CSC avoids a second full copy of the graph.
         self.graph = self.graph.formats("csc")
 
@@ -104,11 +106,9 @@ class NeighborSampler:
 
     def _gcn_weights(self, block: Block) -> Tensor:
         # Self-loops sit last in each destination's segment (see add_self_loops).
-        deg_tilde = self.degree + 1.0
         dst_local = block.dst_index()
-        src_global = block.src_ids[block.indices]
-        dst_global = block.src_ids[dst_local]
-        weight = torch.rsqrt(deg_tilde[src_global] * deg_tilde[dst_global])
+        inv_sqrt = self._inv_sqrt_deg_tilde
+        weight = inv_sqrt[block.src_ids[block.indices]] * inv_sqrt[block.src_ids[dst_local]]
         sampled = (block.in_degrees() - 1).to(torch.float32)
         scale = self.degree[block.dst_ids] / sampled.clamp(min=1.0)
         is_self = torch.zeros(block.num_edges, dtype=torch.bool)

@@ -106,3 +106,21 @@ def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
     assert main(["--dataset", "cora", "--data-dir", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "nope" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_split_out_of_range_and_block_count_errors():
+    data = planted_dataset()
+    with pytest.raises(ValueError, match="split 1 does not exist: planted has 1 split"):
+        data.split(1)
+    from gnnscale.nn import GNN
+
+    model = GNN(ModelConfig(num_layers=2, hidden=4), 16, 3)
+    with pytest.raises(ValueError, match="got 1 blocks for a 2-layer model"):
+        model([None], torch.zeros(1, 16))
+
+
+def test_cli_rejects_malformed_fanouts(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--fanouts", "15,x"])
+    assert exit_info.value.code == 2
+    assert "is not a comma-separated list of integers" in capsys.readouterr().err

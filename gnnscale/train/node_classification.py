@@ -6,6 +6,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,6 +17,9 @@ from gnnscale.batch import MiniBatch
 from gnnscale.data.dataset import GraphDataset
 from gnnscale.metrics import evaluate
 from gnnscale.nn import GNN, ModelConfig
+
+if TYPE_CHECKING:  # samplers import dgl, which the GPU image cannot load; the trainer module must not need it
+    from samplers import NodeLoader, SamplerConfig
 
 log = logging.getLogger("gnnscale.train")
 
@@ -86,7 +90,7 @@ class NodeClassificationTrainer:
         model_config, sampler_config, config: each component's own settings.
     """
 
-    def __init__(self, dataset: GraphDataset, *, split: int, model_config: ModelConfig, sampler_config,
+    def __init__(self, dataset: GraphDataset, *, split: int, model_config: ModelConfig, sampler_config: SamplerConfig,
                  config: TrainConfig) -> None:
         from samplers import NeighborSampler
 
@@ -114,7 +118,7 @@ class NodeClassificationTrainer:
         y = torch.index_select(self.labels, 0, batch.seeds).to(self.device, non_blocking=True)
         return batch.to(self.device, non_blocking=True), x, y
 
-    def train_epoch(self, loader) -> float:
+    def train_epoch(self, loader: NodeLoader) -> float:
         """One pass over the training nodes; returns the mean loss."""
         self.model.train()
         total, count = 0.0, 0
