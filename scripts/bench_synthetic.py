@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 
 from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
 

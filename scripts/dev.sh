@@ -2,7 +2,8 @@
 # One-command set-up and run.  Creates (or reuses) .venv in the repository root,
 # installs gnnscale with its pinned dependencies, then runs what was asked:
 #
-#   scripts/dev.sh demo [train options]   train on the built-in synthetic graph, print accuracy
+#   scripts/dev.sh demo [train options]   partition the built-in synthetic graph in two and train on
+#                                         2 ranks under torchrun; prints the test accuracy
 #   scripts/dev.sh test [pytest options]  run the test suite
 #
 # The install is skipped when .venv already matches pyproject.toml (a hash stamp).
@@ -29,7 +30,12 @@ fi
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
-    demo) exec .venv/bin/python scripts/train_node_classification.py "$@" ;;
+    demo)
+        # One torch thread per rank: two ranks share this machine's cores.
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+        .venv/bin/python -m partition --num-parts 2 --out runs/demo/partitions --force --quiet
+        exec .venv/bin/torchrun --standalone --nproc_per_node=2 scripts/train_node_classification.py \
+            --partitions runs/demo/partitions --out runs/demo "$@" ;;
     test) exec .venv/bin/python -m pytest "$@" ;;
     *) echo "usage: scripts/dev.sh {demo|test} [options]" >&2; exit 2 ;;
 esac

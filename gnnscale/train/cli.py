@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -53,7 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
                        "improvement; 0 = off")
     train.add_argument("--eval-every", type=int, default=1)
     train.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json "
+    dist = parser.add_argument_group(
+        "distributed (torchrun)",
+        "With --partitions, rank r of 'torchrun --nproc_per_node=K ...' trains on partition r of a folder written "
+        "by 'python -m partition --num-parts K'; the dataset options are then not used.")
+    dist.add_argument("--partitions", type=Path, default=None, help="partition folder: train distributed, one "
+                      "partition per rank (a plain python launch is a world of one and needs a 1-part folder)")
+    dist.add_argument("--cache-mb", type=float, default=64.0, help="MiB of remote feature rows cached per rank")
+    dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
+                      help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
+                           "while sampling a few batches first")
+    dist.add_argument("--prefetch", type=int, default=2, help="batches sampled and fetched ahead of training; "
+                      "0 = no background thread")
+    dist.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt if it exists "
+                      "(use with torchrun --max-restarts)")
+    dist.add_argument("--checkpoint-every", type=int, default=1, help="epochs between checkpoints; 0 = never")
+    dist.add_argument("--failure-timeout", type=float, default=60.0, help="seconds without an answer after which "
+                      "a rank is declared dead or hung and the others stop, naming it")
+    parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json (and checkpoint.pt) "
                         "(default: runs/<dataset>-<model>-seed<seed>)")
     parser.add_argument("--quiet", action="store_true", help="log only warnings and the final result")
     return parser
@@ -67,10 +85,10 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Load, build, train and write ``metrics.json``; returns its contents."""
+def build_configs(args: argparse.Namespace):
+    """``(model_config, sampler_config, train_config)`` from the command line."""
     from gnnscale.nn import ModelConfig
-    from gnnscale.train.node_classification import NodeClassificationTrainer, TrainConfig
+    from gnnscale.train.node_classification import TrainConfig
     from samplers import SamplerConfig
 
     fanouts = args.fanouts if args.fanouts is not None else \
@@ -84,6 +102,18 @@ def run(args: argparse.Namespace) -> dict:
     train_config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                weight_decay=args.weight_decay, patience=args.patience, eval_every=args.eval_every,
                                seed=args.seed, device=args.device)
+    return model_config, sampler_config, train_config
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Load, build, train and write ``metrics.json``; returns its contents."""
+    from gnnscale.train.node_classification import NodeClassificationTrainer
+
+    if args.partitions is not None:
+        return run_distributed(args)
+    if args.resume:
+        log.warning("--resume has no effect without --partitions")
+    model_config, sampler_config, train_config = build_configs(args)
     out = args.out if args.out is not None else Path("runs") / f"{args.dataset}-{args.model}-seed{args.seed}"
 
     start = time.perf_counter()
@@ -106,6 +136,63 @@ def run(args: argparse.Namespace) -> dict:
     return metrics
 
 
+def run_distributed(args: argparse.Namespace) -> dict:
+    """Train on partition ``rank`` of ``--partitions``; rank 0 writes ``metrics.json``."""
+    from gnnscale.distributed.env import init_runtime, read_env
+    from gnnscale.distributed.watchdog import Watchdog
+    from gnnscale.train.distributed import DistConfig, DistNodeClassificationTrainer
+    from partition.format import read_manifest
+    from partition.load import load_partition
+
+    env = read_env()
+    if env.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    manifest = read_manifest(args.partitions)
+    if manifest["num_parts"] != env.world_size:
+        raise ValueError(f"{args.partitions} holds {manifest['num_parts']} partition(s) but this job has "
+                         f"{env.world_size} rank(s): launch torchrun with {manifest['num_parts']} processes in all "
+                         f"(--nnodes x --nproc_per_node), or re-partition with --num-parts {env.world_size}")
+    model_config, sampler_config, train_config = build_configs(args)
+    dist_config = DistConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, prefetch=args.prefetch,
+                             checkpoint_every=args.checkpoint_every, resume=args.resume)
+    if args.failure_timeout <= 0:
+        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
+    name = (manifest.get("dataset") or {}).get("name") or args.partitions.name
+    out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}-{env.world_size}r"
+    part = load_partition(args.partitions, env.rank)
+    runtime = init_runtime(env, args.device, timeout=args.failure_timeout)
+    watchdog = None
+    try:
+        if runtime.store is not None:
+            owner = "the torchrun agent of the first node" if env.agent_store else "rank 0"
+            watchdog = Watchdog.connect(env.master_addr, env.master_port, rank=env.rank, world_size=env.world_size,
+                                        prefix=f"gnnscale/{env.restart_count}/watchdog/",
+                                        timeout=args.failure_timeout, store_owner=owner).start()
+        with watchdog.guard() if watchdog is not None else contextlib.nullcontext():
+            trainer = DistNodeClassificationTrainer(part, runtime, split=args.split, model_config=model_config,
+                                                    sampler_config=sampler_config, config=train_config,
+                                                    dist_config=dist_config, out=out)
+            result = trainer.fit()
+            runtime.barrier()
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        runtime.close()
+    metrics = {
+        "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
+        "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
+        "world_size": env.world_size, "partitions": str(args.partitions), "split": args.split,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "history": result.history,
+    }
+    if env.is_main:
+        write_json_atomic(out / "metrics.json", metrics)
+        print(f"{name} {args.model} on {env.world_size} rank(s): test {result.metric} {result.test:.4f} "
+              f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
+              f"{result.train_seconds:.1f}s training) -> {out / 'metrics.json'}", flush=True)
+    return metrics
+
+
 def _join_negative_fanouts(argv: list[str]) -> list[str]:
     # argparse takes "-1,-1" for an option name; "--fanouts=-1,-1" is what it understands.
     joined: list[str] = []
@@ -121,8 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_join_negative_fanouts(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+
     try:
         run(args)
+    except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PEER_FAILURE
     except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
         print(f"error: {exc}", file=sys.stderr)
         return 2

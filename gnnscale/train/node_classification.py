@@ -74,11 +74,12 @@ class TrainResult:
 
 def seed_everything(seed: int) -> None:
     """Seed every RNG a run touches, so the same seed gives the same run."""
-    import dgl  # sampling only; imported here so the trainer module imports without DGL installed
+    # Sampling only; imported here so the trainer module imports without DGL installed.
+    from samplers.neighbor import seed_sampling
 
     torch.manual_seed(seed)
     np.random.seed(seed)
-    dgl.seed(seed)
+    seed_sampling(seed)
 
 
 class NodeClassificationTrainer:

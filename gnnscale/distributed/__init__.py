@@ -1,0 +1,1 @@
+"""Distributed runtime: torchrun environment, process groups, collectives, feature store, failure detection."""

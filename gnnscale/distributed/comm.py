@@ -1,0 +1,98 @@
+"""Variable-sized all-to-all exchange on top of ``all_to_all_single``, with byte counters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass
+class CommStats:
+    """What this rank sent and received, reset at every epoch."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    exchanges: int = 0
+
+    def reset(self) -> None:
+        self.bytes_sent = self.bytes_received = self.exchanges = 0
+
+
+class Exchanger:
+    """Sends ``chunks[r]`` to rank ``r`` and returns what every rank sent here.
+
+    Every rank of ``group`` must call :meth:`exchange` the same number of times in the same
+    order (a collective); a rank with nothing to send passes empty chunks.  In a world of
+    one (``group`` is None) only the own chunk exists and is returned as is.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, world_size: int) -> None:
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.stats = CommStats()
+
+    def exchange(self, chunks: list[Tensor]) -> list[Tensor]:
+        """``chunks``: one tensor per rank, same dtype and trailing shape; returns one per source rank."""
+        assert len(chunks) == self.world_size, (len(chunks), self.world_size)
+        if self.group is None:
+            return list(chunks)
+        trailing = chunks[0].shape[1:]
+        send_counts = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
+        recv = send.new_empty((int(recv_counts.sum()), *trailing))
+        send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()
+        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_sizes,
+                               input_split_sizes=send_sizes, group=self.group)
+        row_bytes = send.element_size() * math.prod(trailing)
+        self.stats.bytes_sent += (sum(send_sizes) - send_sizes[self.rank]) * row_bytes
+        self.stats.bytes_received += (sum(recv_sizes) - recv_sizes[self.rank]) * row_bytes
+        self.stats.exchanges += 1
+        return list(recv.split(recv_sizes))
+
+    def all_reduce(self, values: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+        """In-place all-reduce of a small CPU tensor (identity in a world of one)."""
+        if self.group is not None:
+            dist.all_reduce(values, op=op, group=self.group)
+        return values
+
+    def all_gather_rows(self, rows: Tensor) -> Tensor:
+        """Concatenate every rank's ``rows`` (any number per rank) in rank order."""
+        if self.group is None:
+            return rows
+        counts = self.all_gather_counts(rows.shape[0])
+        padded = rows.new_zeros((max(counts), *rows.shape[1:]))
+        padded[:rows.shape[0]] = rows
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded, group=self.group)
+        return torch.cat([g[:n] for g, n in zip(gathered, counts)])
+
+    def all_gather_counts(self, count: int) -> list[int]:
+        """Every rank's ``count``, in rank order."""
+        if self.group is None:
+            return [count]
+        counts = torch.zeros(self.world_size, dtype=torch.int64)
+        counts[self.rank] = count
+        dist.all_reduce(counts, group=self.group)
+        return counts.tolist()
+
+
+def split_by_owner(owner: Tensor, world_size: int) -> tuple[Tensor, list[int]]:
+    """A stable permutation grouping positions by owner, and the size of each group.
+
+    Args:
+        owner: int64 [n], the rank owning each position.
+
+    Returns:
+        ``(order, sizes)``: ``order`` int64 [n] such that ``owner[order]`` is non-decreasing
+        and keeps the input order inside each owner; ``sizes[r]`` positions belong to rank ``r``.
+    """
+    sizes = torch.bincount(owner, minlength=world_size).tolist()
+    if world_size == 1:
+        return torch.arange(owner.numel()), sizes
+    order = torch.sort(owner, stable=True).indices
+    return order, sizes

@@ -1,0 +1,183 @@
+"""Row-partitioned tables: owned rows read locally, remote rows fetched through collectives.
+
+A :class:`DistTable` holds the rows of the nodes its rank owns (new global ids
+``[start, end)``) and answers ``gather(ids)`` for any ids: owned rows by ``index_select``,
+cached remote rows from the cache, the rest from their owners in one all-to-all round
+(ids out, rows back).  Node features are one table; the trainer also uses tables for
+degrees (GCN weights) and for each layer's embeddings during layer-wise evaluation.
+
+The cache holds remote rows chosen by expected access, sized by the user:
+
+* ``"degree"``: remote nodes ranked by how many in-edges of owned nodes they are the
+  source of -- the nodes a 1-hop sample from this partition draws most often.
+* ``"presample"``: ranked by how often they were requested while sampling a number of
+  mini-batches before training (``fill_cache_from_counts``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnscale.distributed.comm import Exchanger, split_by_owner
+
+log = logging.getLogger("gnnscale.distributed")
+
+
+@dataclass
+class TableStats:
+    """Rows served per source, reset at every epoch."""
+
+    local_rows: int = 0
+    cache_hits: int = 0
+    remote_rows: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of non-owned rows found in the cache."""
+        wanted = self.cache_hits + self.remote_rows
+        return self.cache_hits / wanted if wanted else 0.0
+
+    def reset(self) -> None:
+        self.local_rows = self.cache_hits = self.remote_rows = 0
+
+
+class DistTable:
+    """One rank's shard of a ``[num_nodes, ...]`` table, partitioned by contiguous id ranges.
+
+    Args:
+        rows: [n_owned, ...] the owned rows, in local order (row ``i`` is global id ``offsets[rank] + i``).
+        offsets: int64 [world_size + 1], partition ``p`` owns ``[offsets[p], offsets[p + 1])``.
+        exchanger: the collective channel (its rank and world size are this table's).
+    """
+
+    def __init__(self, rows: Tensor, offsets: Tensor, exchanger: Exchanger) -> None:
+        self.rows = rows
+        self.offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        self.exchanger = exchanger
+        self.rank, self.world_size = exchanger.rank, exchanger.world_size
+        self.start, self.end = int(self.offsets[self.rank]), int(self.offsets[self.rank + 1])
+        assert rows.shape[0] == self.end - self.start, (rows.shape, self.start, self.end)
+        self.cache_ids = torch.empty(0, dtype=torch.int64)
+        self.cache_rows = rows.new_empty((0, *rows.shape[1:]))
+        self.stats = TableStats()
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(self.rows.shape[1:])
+
+    def owner(self, ids: Tensor) -> Tensor:
+        """int64, same shape: the rank owning each global id."""
+        return torch.searchsorted(self.offsets, ids, right=True) - 1
+
+    # ------------------------------------------------------------------ reads
+    def gather(self, ids: Tensor) -> Tensor:
+        """Rows of ``ids`` (int64 [k] global ids): [k, ...].  A collective: every rank calls it in step."""
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        if self.world_size == 1:  # everything is owned, and no collective is needed
+            self.stats.local_rows += ids.numel()
+            return self.rows.index_select(0, ids - self.start)
+        out = self.rows.new_empty((ids.numel(), *self.row_shape))
+        remote = self._fill_local_and_cached(ids, out)
+        missing = ids[remote]
+        owner = self.owner(missing)
+        order, sizes = split_by_owner(owner, self.world_size)
+        requests = self.exchanger.exchange(list(missing[order].split(sizes)))
+        replies = [self.rows.index_select(0, req - self.start) for req in requests]
+        received = self.exchanger.exchange(replies)
+        if missing.numel():
+            # index_copy_ scatters rows about 2x faster than advanced-index assignment (measured, 28k x 100).
+            out.index_copy_(0, torch.nonzero(remote).squeeze(1)[order], torch.cat(received))
+        self.stats.remote_rows += int(missing.numel())
+        return out
+
+    def lookup(self, ids: Tensor) -> Tensor:
+        """Rows of ``ids`` that are all owned or cached; no communication.
+
+        Raises:
+            KeyError: an id is neither owned nor cached.
+        """
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        out = self.rows.new_empty((ids.numel(), *self.row_shape))
+        remote = self._fill_local_and_cached(ids, out)
+        if remote.any():
+            raise KeyError(f"global id {int(ids[remote][0])} is neither owned by rank {self.rank} "
+                           f"([{self.start}, {self.end})) nor cached")
+        return out
+
+    def _fill_local_and_cached(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Write owned and cached rows into ``out``; returns the bool mask of the rest."""
+        local = (ids >= self.start) & (ids < self.end)
+        local_pos = torch.nonzero(local).squeeze(1)
+        out.index_copy_(0, local_pos, self.rows.index_select(0, ids.index_select(0, local_pos) - self.start))
+        remote = ~local
+        self.stats.local_rows += int(local_pos.numel())
+        if self.cache_ids.numel() and local_pos.numel() < ids.numel():
+            remote_pos = torch.nonzero(remote).squeeze(1)
+            wanted = ids.index_select(0, remote_pos)
+            slot = torch.searchsorted(self.cache_ids, wanted).clamp_(max=self.cache_ids.numel() - 1)
+            hit = self.cache_ids.index_select(0, slot) == wanted
+            hit_pos = remote_pos[hit]
+            out.index_copy_(0, hit_pos, self.cache_rows.index_select(0, slot[hit]))
+            remote[hit_pos] = False
+            self.stats.cache_hits += int(hit_pos.numel())
+        return remote
+
+    # ------------------------------------------------------------------ cache
+    def fill_cache(self, ids: Tensor) -> None:
+        """Cache the rows of ``ids`` (non-owned global ids).  A collective: every rank calls it."""
+        ids = torch.unique(torch.as_tensor(ids, dtype=torch.int64))
+        assert not ((ids >= self.start) & (ids < self.end)).any(), "owned rows are never cached"
+        self.cache_ids = torch.empty(0, dtype=torch.int64)
+        rows = self.gather(ids)
+        self.cache_ids, self.cache_rows = ids, rows
+        self.stats.reset()
+
+    def fill_cache_by_counts(self, candidates: Tensor, counts: Tensor, max_rows: int) -> None:
+        """Cache the ``max_rows`` candidates with the largest counts (ties: smaller id first).  A collective."""
+        if max_rows <= 0 or candidates.numel() == 0:
+            self.fill_cache(candidates[:0])
+            return
+        # Stable sort by descending count keeps ascending ids among equals: the choice is deterministic.
+        order = torch.sort(-counts, stable=True).indices[:max_rows]
+        self.fill_cache(candidates[order])
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(self.cache_rows.numel() * self.cache_rows.element_size())
+
+
+def edge_source_counts(indices: np.ndarray, start: int, end: int) -> tuple[Tensor, Tensor]:
+    """Non-owned sources of a partition's in-edges and how many edges each one starts.
+
+    Args:
+        indices: int64 [num_edges] source global ids of the owned nodes' in-edges.
+
+    Returns:
+        ``(ids, counts)``: sorted unique int64 non-owned ids, int64 edge counts.
+    """
+    ids_parts, count_parts = [], []
+    step = 1 << 24  # bounded temporary memory on big partitions
+    for lo in range(0, indices.shape[0], step):
+        block = np.asarray(indices[lo:lo + step])
+        block = block[(block < start) | (block >= end)]
+        ids, counts = np.unique(block, return_counts=True)
+        ids_parts.append(ids)
+        count_parts.append(counts)
+    if not ids_parts:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+    every = np.concatenate(ids_parts)
+    weights = np.concatenate(count_parts)
+    ids, inverse = np.unique(every, return_inverse=True)
+    counts = np.bincount(inverse, weights=weights, minlength=ids.shape[0]).astype(np.int64)
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(counts)
+
+
+def cache_rows_for(cache_mb: float, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """How many rows of ``row_shape``/``dtype`` fit in ``cache_mb`` MiB."""
+    row_bytes = max(1, int(np.prod(row_shape)) * torch.empty(0, dtype=dtype).element_size())
+    return int(cache_mb * 2**20 // row_bytes)
