@@ -34,17 +34,29 @@ class Exchanger:
         self.group, self.rank, self.world_size = group, rank, world_size
         self.stats = CommStats()
 
-    def exchange(self, chunks: list[Tensor]) -> list[Tensor]:
-        """``chunks``: one tensor per rank, same dtype and trailing shape; returns one per source rank."""
+    def exchange(self, chunks: list[Tensor], out: Tensor | None = None) -> list[Tensor]:
+        """``chunks``: one tensor per rank, same dtype and trailing shape; returns one per source rank.
+
+        ``out``, when given, is a contiguous buffer of exactly the received rows: they land there
+        (in rank order) without a further copy, and the returned tensors are views of it.
+        """
         assert len(chunks) == self.world_size, (len(chunks), self.world_size)
         if self.group is None:
+            if out is not None:
+                torch.cat(chunks, out=out)
+                return list(out.split([c.shape[0] for c in chunks]))
             return list(chunks)
         trailing = chunks[0].shape[1:]
         send_counts = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         send = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
-        recv = send.new_empty((int(recv_counts.sum()), *trailing))
+        total = int(recv_counts.sum())
+        if out is None:
+            recv = send.new_empty((total, *trailing))
+        else:
+            assert out.is_contiguous() and out.shape[0] == total, (out.shape, total)
+            recv = out
         send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()
         dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_sizes,
                                input_split_sizes=send_sizes, group=self.group)

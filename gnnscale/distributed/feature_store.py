@@ -95,6 +95,45 @@ class DistTable:
         self.stats.remote_rows += int(missing.numel())
         return out
 
+    def gather_grouped(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Rows of ``ids`` into ``out`` in an order of this table's choosing; returns that order.
+
+        ``out[i]`` becomes the row of ``ids[order[i]]``: owned rows first, then cached, then
+        fetched, each group in ascending id order.  Every group is then one sequential write
+        (``index_select`` into a slice, the fetched rows straight from the all-to-all), where
+        :meth:`gather`'s caller-ordered result needs a scatter per group (about a third of a
+        mini-batch's fetch time at 56k rows x 100 features).  A collective.
+
+        Args:
+            ids: int64 [k] global ids, no repeats.
+            out: [k, ...] contiguous, this table's dtype.
+        """
+        ids = torch.as_tensor(ids, dtype=torch.int64)
+        local = (ids >= self.start) & (ids < self.end)
+        category = torch.where(local, 0, 2)
+        slot = None
+        if self.cache_ids.numel():
+            slot = torch.searchsorted(self.cache_ids, ids).clamp_(max=self.cache_ids.numel() - 1)
+            category[~local & (self.cache_ids.index_select(0, slot) == ids)] = 1
+        order = torch.argsort(category * int(self.offsets[-1]) + ids)
+        num_local, num_cached, num_missing = torch.bincount(category, minlength=3).tolist()
+        ordered = ids.index_select(0, order)
+        torch.index_select(self.rows, 0, ordered[:num_local] - self.start, out=out[:num_local])
+        if num_cached:
+            assert slot is not None
+            cached = order[num_local:num_local + num_cached]
+            torch.index_select(self.cache_rows, 0, slot.index_select(0, cached), out=out[num_local:num_local + num_cached])
+        missing = ordered[num_local + num_cached:]
+        # Ascending ids are grouped by owner already, and replies arrive in rank order: in place.
+        sizes = torch.bincount(self.owner(missing), minlength=self.world_size).tolist()
+        requests = self.exchanger.exchange(list(missing.split(sizes)))
+        replies = [self.rows.index_select(0, req - self.start) for req in requests]
+        self.exchanger.exchange(replies, out=out[num_local + num_cached:])
+        self.stats.local_rows += num_local
+        self.stats.cache_hits += num_cached
+        self.stats.remote_rows += num_missing
+        return order
+
     def lookup(self, ids: Tensor) -> Tensor:
         """Rows of ``ids`` that are all owned or cached; no communication.
 

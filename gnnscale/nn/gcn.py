@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from gnnscale.batch import Block
-from gnnscale.nn.ops import spmm_sum
+from gnnscale.nn.ops import project_first, spmm_sum
 
 
 class GCNConv(nn.Module):
@@ -33,7 +33,8 @@ class GCNConv(nn.Module):
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, out_dim]."""
-        if self.in_dim > self.out_dim:
+        first = project_first(self.in_dim, self.out_dim, x)  # see SAGEConv.forward
+        if first:
             x = self.lin(x)
         if block.edge_weight is not None:
             out = spmm_sum(block, x, block.edge_weight)
@@ -41,7 +42,7 @@ class GCNConv(nn.Module):
             out_deg = torch.bincount(block.indices, minlength=block.num_src).clamp(min=1).to(x.dtype)
             in_deg = block.in_degrees().clamp(min=1).to(x.dtype)
             out = spmm_sum(block, x * out_deg.rsqrt().unsqueeze(-1)) * in_deg.rsqrt().unsqueeze(-1)
-        if self.in_dim <= self.out_dim:
+        if not first:
             out = self.lin(out)
         return out + self.bias if self.bias is not None else out
 

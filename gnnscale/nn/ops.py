@@ -43,6 +43,17 @@ def spmm_mean(block: Block, x: Tensor) -> Tensor:
     return spmm_sum(block, x) / deg.unsqueeze(-1)
 
 
+def project_first(in_dim: int, out_dim: int, x: Tensor) -> bool:
+    """Whether a linear-then-aggregate layer should apply its linear map before aggregating.
+
+    Before, when it narrows the features and ``x`` takes part in autograd (hidden layers);
+    after, when it widens them, or when ``x`` needs no gradient (the input features) and
+    aggregating first avoids the backward sparse product altogether.
+    """
+    needs_grad = x.requires_grad and torch.is_grad_enabled()
+    return in_dim > out_dim and needs_grad
+
+
 def segment_softmax(block: Block, scores: Tensor, dst: Tensor | None = None) -> Tensor:
     """Softmax of per-edge ``scores`` float [num_edges, H] over each destination's in-edges."""
     dst = block.dst_index() if dst is None else dst

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gnnscale.batch import Block
-from gnnscale.nn.ops import spmm_mean
+from gnnscale.nn.ops import project_first, spmm_mean
 
 
 class SAGEConv(nn.Module):
@@ -31,8 +31,11 @@ class SAGEConv(nn.Module):
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, out_dim]."""
-        # Aggregating in the smaller of the two widths moves fewer bytes through the sparse product.
-        if self.in_dim > self.out_dim:
+        # Aggregating in the smaller of the two widths moves fewer bytes through the sparse product --
+        # unless x needs no gradient (input features): then aggregating first skips the backward
+        # sparse product and makes the weight gradient [num_dst x in] instead of [num_src x in]
+        # (measured: backward was 58% of a 2-layer step at fanouts 10,25, dominated by those two).
+        if project_first(self.in_dim, self.out_dim, x):
             neigh = spmm_mean(block, self.lin_neigh(x))
         else:
             neigh = self.lin_neigh(spmm_mean(block, x))

@@ -97,6 +97,51 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0] >> 1)  # DGL takes a C int
 
 
+class BufferRing:
+    """Reusable feature buffers, one per mini-batch that can be alive at once.
+
+    A fresh 25 MB tensor per batch costs about as much in first-touch page faults as the
+    gather that fills it; a batch's buffer is free again once its training step is done, and
+    at most ``prefetch`` queued batches, one being prepared and one training exist together.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.buffers: list[Tensor | None] = [None] * size
+        self.next = 0
+
+    def take(self, rows: int, template: Tensor) -> Tensor:
+        """A [rows, ...] tensor shaped and typed like ``template``'s rows, valid until ``size`` more takes."""
+        index, self.next = self.next, (self.next + 1) % len(self.buffers)
+        buffer = self.buffers[index]
+        if buffer is None or buffer.shape[0] < rows:
+            # Headroom, so that a slightly larger batch does not reallocate every time.
+            buffer = self.buffers[index] = template.new_empty((int(rows * 1.25) + 1, *template.shape[1:]))
+        return buffer[:rows]
+
+
+def gather_inputs(table: DistTable, batch: MiniBatch, buffers: BufferRing | None = None) -> tuple[MiniBatch, Tensor]:
+    """The input features of ``batch``, and the batch with its first block renumbered to match them.
+
+    The table returns rows in its own order (:meth:`DistTable.gather_grouped`); rather than
+    scattering them back into the block's source order, the first block is renumbered: its
+    destinations are copied to the front (a layer reads them as ``x[:num_dst]``) and its edges
+    point into the table's order.  A destination that is also a source thus appears twice, with
+    equal rows; every layer computes the same result.
+    """
+    first = batch.blocks[0]
+    num_dst, num_src = first.num_dst, first.num_src
+    x = table.rows.new_empty((num_dst + num_src, *table.row_shape)) if buffers is None else \
+        buffers.take(num_dst + num_src, table.rows)
+    order = table.gather_grouped(first.src_ids, out=x[num_dst:])
+    position = torch.empty_like(order)
+    position[order] = torch.arange(num_src)
+    torch.index_select(x[num_dst:], 0, position[:num_dst], out=x[:num_dst])
+    renumbered = Block(indptr=first.indptr, indices=position.index_select(0, first.indices) + num_dst,
+                       src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]), num_dst=num_dst,
+                       edge_weight=first.edge_weight)
+    return MiniBatch(seeds=batch.seeds, blocks=[renumbered, *batch.blocks[1:]]), x
+
+
 class DistNodeClassificationTrainer:
     """Trains a :class:`GNN` on partition ``runtime.rank`` of a partitioned dataset.
 
@@ -162,6 +207,7 @@ class DistNodeClassificationTrainer:
             if runtime.group is not None else self.module
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self._eval_blocks: list[tuple[Block, Tensor]] | None = None
+        self._buffers = BufferRing(dist_config.prefetch + 2)
         self._orders: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self.fingerprint = {"num_nodes": part.book.num_nodes, "world_size": self.world_size, "split": split,
@@ -236,7 +282,7 @@ class DistNodeClassificationTrainer:
         since = time.perf_counter()
         batch = self.sampler.sample(seeds)
         since = times.add("sample", since)
-        x = self.features.gather(batch.input_ids)
+        batch, x = gather_inputs(self.features, batch, self._buffers)
         y = self.labels.index_select(0, seeds - self.start)
         times.add("fetch", since)
         return batch, x, y
