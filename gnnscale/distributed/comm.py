@@ -34,11 +34,14 @@ class Exchanger:
         self.group, self.rank, self.world_size = group, rank, world_size
         self.stats = CommStats()
 
-    def exchange(self, chunks: list[Tensor], out: Tensor | None = None) -> list[Tensor]:
+    def exchange(self, chunks: list[Tensor], out: Tensor | None = None,
+                 recv_sizes: list[int] | None = None) -> list[Tensor]:
         """``chunks``: one tensor per rank, same dtype and trailing shape; returns one per source rank.
 
         ``out``, when given, is a contiguous buffer of exactly the received rows: they land there
         (in rank order) without a further copy, and the returned tensors are views of it.
+        ``recv_sizes``, when the caller knows how many rows each rank sends here (a reply to its
+        own requests), saves the round that exchanges the sizes: one collective instead of two.
         """
         assert len(chunks) == self.world_size, (len(chunks), self.world_size)
         if self.group is None:
@@ -48,8 +51,11 @@ class Exchanger:
             return list(chunks)
         trailing = chunks[0].shape[1:]
         send_counts = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        if recv_sizes is None:
+            recv_counts = torch.empty_like(send_counts)
+            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        else:
+            recv_counts = torch.tensor(recv_sizes, dtype=torch.int64)
         send = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
         total = int(recv_counts.sum())
         if out is None:
