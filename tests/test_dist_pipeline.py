@@ -62,3 +62,52 @@ def test_sage_and_gcn_aggregate_in_either_order_with_the_same_result(requires_gr
         reference = conv(batch.blocks[0], x.detach().requires_grad_(True))  # projects first (narrowing, grad)
         out = conv(batch.blocks[0], x.detach().requires_grad_(requires_grad))
         assert torch.allclose(out, reference, atol=1e-5)
+
+
+def test_torchrun_environment_is_read_once_and_checked() -> None:
+    from gnnscale.distributed.env import read_env
+
+    assert read_env({}).world_size == 1 and not read_env({}).is_distributed
+    full = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
+            "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    env = read_env(full)
+    assert (env.rank, env.world_size, env.restart_count, env.agent_store) == (1, 2, 3, True)
+    with pytest.raises(ValueError, match="torchrun environment is incomplete: MASTER_ADDR not set"):
+        read_env({k: v for k, v in full.items() if k != "MASTER_ADDR"})
+    with pytest.raises(ValueError, match="non-integer value"):
+        read_env(full | {"RANK": "one"})
+    with pytest.raises(ValueError, match="RANK=2 / LOCAL_RANK=1 out of range for WORLD_SIZE=2"):
+        read_env(full | {"RANK": "2"})
+
+
+def test_dist_config_rejects_bad_values() -> None:
+    from gnnscale.train.distributed import DistConfig
+
+    with pytest.raises(ValueError, match="cache_mb must be >= 0"):
+        DistConfig(cache_mb=-1)
+    with pytest.raises(ValueError, match="cache_policy must be 'degree' or 'presample'"):
+        DistConfig(cache_policy="lru")
+    with pytest.raises(ValueError, match="prefetch must be >= 0"):
+        DistConfig(prefetch=-1)
+
+
+def test_epoch_seeds_differ_by_rank_and_epoch_and_fit_dgl() -> None:
+    from gnnscale.train.distributed import epoch_seed
+
+    seeds = {epoch_seed(0, e, r) for e in range(5) for r in range(4)}
+    assert len(seeds) == 20 and all(0 <= s < 2**31 for s in seeds)
+    assert epoch_seed(0, 1, 0) == epoch_seed(0, 1, 0)
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path) -> None:
+    from gnnscale.train.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"epoch": 3, "model": {"w": torch.ones(2)}, "fingerprint": {"lr": 0.01}})
+    assert load_checkpoint(path, {"lr": 0.01})["epoch"] == 3
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
+    with pytest.raises(ValueError, match=r"was written by a different run \(lr = 0.01, this run has 0.1\)"):
+        load_checkpoint(path, {"lr": 0.1})
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="is not a readable gnnscale checkpoint"):
+        load_checkpoint(path, {})
