@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -108,10 +109,24 @@ class Runtime:
         if self.sample_group is not None:
             dist.barrier(group=self.sample_group)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Leave the job.  A rank that hosts the store waits (up to ``timeout``; 0 after a failure,
+        when peers may never come) for the others to leave first: its exit takes the store down,
+        and a peer still tearing down would hang on it."""
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.group = self.sample_group = self.store = None
+        store, self.group, self.sample_group, self.store = self.store, None, None, None
+        if store is None:
+            return
+        try:
+            left = store.add("closed", 1)
+            if self.rank == 0 and not self.env.agent_store:
+                deadline = time.monotonic() + timeout
+                while left < self.world_size and time.monotonic() < deadline and timeout > 0:
+                    time.sleep(0.05)
+                    left = store.add("closed", 0)
+        except RuntimeError:  # the store is gone already: nobody is left to wait for
+            pass
 
 
 def select_device(requested: str, env: DistEnv) -> torch.device:

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = parser.add_argument_group("training")
     train.add_argument("--fanouts", type=fanout_list, default=None,
                        help="neighbours per layer, input side first; -1 = all (default: 15,10,5 cut to --num-layers)")
-    train.add_argument("--batch-size", type=int, default=1024)
+    train.add_argument("--batch-size", type=int, default=1024, help="seed nodes per step and rank (with K ranks a "
+                       "step covers K x this many)")
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--lr", type=float, default=0.01)
     train.add_argument("--weight-decay", type=float, default=5e-4)
@@ -161,7 +162,7 @@ def run_distributed(args: argparse.Namespace) -> dict:
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}-{env.world_size}r"
     part = load_partition(args.partitions, env.rank)
     runtime = init_runtime(env, args.device, timeout=args.failure_timeout)
-    watchdog = None
+    watchdog, finished = None, False
     try:
         if runtime.store is not None:
             owner = "the torchrun agent of the first node" if env.agent_store else "rank 0"
@@ -174,10 +175,11 @@ def run_distributed(args: argparse.Namespace) -> dict:
                                                     dist_config=dist_config, out=out)
             result = trainer.fit()
             runtime.barrier()
+        finished = True
     finally:
         if watchdog is not None:
             watchdog.stop()
-        runtime.close()
+        runtime.close(timeout=30.0 if finished else 0.0)
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,

@@ -411,12 +411,17 @@ class DistNodeClassificationTrainer:
     def _restore(self) -> dict[str, Any] | None:
         """Rank 0 reads the checkpoint and broadcasts it (no shared file system is assumed)."""
         path = self._checkpoint_path()
-        payload = [None]
+        payload: list[Any] = [None]
         if self.rank == 0 and path is not None and path.exists():
-            payload[0] = load_checkpoint(path, self.fingerprint)
+            try:
+                payload[0] = load_checkpoint(path, self.fingerprint)
+            except ValueError as err:  # every rank must learn it, or the others wait in the broadcast
+                payload[0] = str(err)
         if self.runtime.sample_group is not None:
             dist.broadcast_object_list(payload, src=0, group=self.runtime.sample_group)
         state = payload[0]
+        if isinstance(state, str):
+            raise ValueError(state)
         if state is not None:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
