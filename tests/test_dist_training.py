@@ -279,8 +279,8 @@ def test_tolokers_distributed_roc_auc_matches_single_process(tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tolokers_full_recipe_distributed_matches_single_process(world_size: int, tmp_path: Path) -> None:
-    # The recipe as scripts/accuracy_table.py --ranks K runs it: --batch-size 512 per rank.
-    result = tolokers_compare(world_size, 10, None, tmp_path, timeout=3600.0, same_global_batch=False)
+    # The recipe as scripts/accuracy_table.py --ranks K runs it: --batch-size 512 / K per rank.
+    result = tolokers_compare(world_size, 10, None, tmp_path, timeout=3600.0, same_global_batch=True)
     print(result.report())
     assert abs(statistics.mean(result.distributed) - statistics.mean(result.single)) <= 0.005, result.report()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 
@@ -33,6 +34,16 @@ class Exchanger:
     def __init__(self, group: dist.ProcessGroup | None, rank: int, world_size: int) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
         self.stats = CommStats()
+        # The tensors of the last few collectives.  A gloo worker thread drops its reference to a
+        # finished collective's tensors after the caller has moved on; were that the last one, it
+        # would need the GIL to free them -- and if the process group is being destroyed right then,
+        # its destructor holds the GIL while joining that very thread: a deadlock (seen in torch
+        # 2.2.1 at the end of a run).  Holding the tensors here keeps the last reference ours.
+        # Declared after ``group``, so an Exchanger being freed lets go of its group first.
+        self._recent: collections.deque[Tensor] = collections.deque(maxlen=64)
+
+    def _keep(self, *tensors: Tensor) -> None:
+        self._recent.extend(tensors)
 
     def exchange(self, chunks: list[Tensor], out: Tensor | None = None,
                  recv_sizes: list[int] | None = None) -> list[Tensor]:
@@ -54,6 +65,7 @@ class Exchanger:
         if recv_sizes is None:
             recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+            self._keep(send_counts, recv_counts)
         else:
             recv_counts = torch.tensor(recv_sizes, dtype=torch.int64)
         send = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
@@ -64,8 +76,10 @@ class Exchanger:
             assert out.is_contiguous() and out.shape[0] == total, (out.shape, total)
             recv = out
         send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()
-        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=recv_sizes,
-                               input_split_sizes=send_sizes, group=self.group)
+        send = send.contiguous()
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes,
+                               group=self.group)
+        self._keep(send, recv)
         row_bytes = send.element_size() * math.prod(trailing)
         self.stats.bytes_sent += (sum(send_sizes) - send_sizes[self.rank]) * row_bytes
         self.stats.bytes_received += (sum(recv_sizes) - recv_sizes[self.rank]) * row_bytes
@@ -76,6 +90,7 @@ class Exchanger:
         """In-place all-reduce of a small CPU tensor (identity in a world of one)."""
         if self.group is not None:
             dist.all_reduce(values, op=op, group=self.group)
+            self._keep(values)
         return values
 
     def all_gather_rows(self, rows: Tensor) -> Tensor:
@@ -87,6 +102,7 @@ class Exchanger:
         padded[:rows.shape[0]] = rows
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(gathered, padded, group=self.group)
+        self._keep(padded, *gathered)
         return torch.cat([g[:n] for g, n in zip(gathered, counts)])
 
     def all_gather_counts(self, count: int) -> list[int]:
@@ -96,6 +112,7 @@ class Exchanger:
         counts = torch.zeros(self.world_size, dtype=torch.int64)
         counts[self.rank] = count
         dist.all_reduce(counts, group=self.group)
+        self._keep(counts)
         return counts.tolist()
 
 
