@@ -145,6 +145,8 @@ def run_distributed(args: argparse.Namespace) -> dict:
     from partition.format import read_manifest
     from partition.load import load_partition
 
+    if args.failure_timeout <= 0:
+        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
     env = read_env()
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
@@ -156,8 +158,6 @@ def run_distributed(args: argparse.Namespace) -> dict:
     model_config, sampler_config, train_config = build_configs(args)
     dist_config = DistConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, prefetch=args.prefetch,
                              checkpoint_every=args.checkpoint_every, resume=args.resume)
-    if args.failure_timeout <= 0:
-        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
     name = (manifest.get("dataset") or {}).get("name") or args.partitions.name
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}-{env.world_size}r"
     part = load_partition(args.partitions, env.rank)

@@ -1,0 +1,38 @@
+"""Bad distributed command lines stop with one line and exit status 2, before any process group exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gnnscale.train.cli import main
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--failure-timeout", "0"], "--failure-timeout must be > 0 seconds, got 0.0"),
+    (["--cache-mb", "-1"], "cache_mb must be >= 0, got -1.0"),
+    (["--prefetch", "-2"], "prefetch must be >= 0, got -2"),
+])
+def test_bad_distributed_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     extra: list[str], message: str) -> None:
+    parts = tmp_path / "parts"
+    assert main(["--partitions", str(_one_part(parts)), "--out", str(tmp_path / "run"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"error: {message}"
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_missing_partition_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--partitions", str(tmp_path / "absent"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "absent" in err[0]
+
+
+def _one_part(out: Path) -> Path:
+    from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+    from partition import PartitionConfig, partition_graph
+
+    partition_graph(generate_synthetic(SyntheticConfig(num_nodes=2000, avg_degree=5, feat_dim=4)), out,
+                    PartitionConfig(num_parts=1))
+    return out
