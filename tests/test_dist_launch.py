@@ -182,3 +182,12 @@ def test_torchrun_restart_with_resume_completes_after_a_kill(parts: Path, refere
     assert agent.returncode == 0, err[-3000:]
     assert "resumed from epoch" in err or metrics(tmp_path)["epochs_run"] == 3
     same_run(metrics(tmp_path), reference)
+
+
+def test_presample_cache_policy_caches_rows_that_are_then_hit(parts: Path, tmp_path: Path) -> None:
+    done = run(standalone(parts, tmp_path, "--epochs", "1", "--cache-policy", "presample", "--cache-mb", "0.1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = metrics(tmp_path)["history"][0]
+    # 0.1 MiB holds 1,638 rows of 16 floats: a partial cache, so both hits and fetches happen.
+    assert 0.0 < record["cache_hit_rate"] < 1.0, record
+    assert record["bytes_sent"] > 0

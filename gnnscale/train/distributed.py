@@ -199,9 +199,9 @@ class DistNodeClassificationTrainer:
         sizes = np.stack([[len(c) for c in np.array_split(np.arange(n), self.steps)] for n in self.train_counts])
         self.step_seeds = torch.from_numpy(sizes.sum(0)).to(torch.float32)
 
+        seed_sampling(config.seed)  # the presample cache policy samples: the same cache for the same seed
         self._fill_feature_cache(halo_counts)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
-        seed_sampling(config.seed)
         self.module = GNN(model_config, self.features.row_shape[0], part.num_classes).to(self.device)
         self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
             if runtime.group is not None else self.module
