@@ -28,7 +28,8 @@ import dgl  # noqa: E402
 from gnnscale.batch import Block, MiniBatch  # noqa: E402
 from gnnscale.distributed.comm import Exchanger, split_by_owner  # noqa: E402
 from gnnscale.distributed.feature_store import DistTable  # noqa: E402
-from samplers.neighbor import SamplerConfig, add_self_loops, compact, dgl_single_thread  # noqa: E402
+from samplers.neighbor import (SamplerConfig, add_self_loops, compact, dgl_single_thread, gcn_weights,  # noqa: E402
+                               segment_gather)
 
 
 class LocalGraph:
@@ -77,13 +78,6 @@ class LocalGraph:
             return src, counts
         starts = torch.cumsum(counts, 0) - counts
         return segment_gather(src, starts[inverse], counts[inverse]), counts[inverse]
-
-
-def segment_gather(values: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
-    """``cat([values[s:s + c] for s, c in zip(starts, counts)])``, vectorised."""
-    total = int(counts.sum())
-    shift = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
-    return values[torch.arange(total) + shift]
 
 
 class DistNeighborSampler:
@@ -184,20 +178,3 @@ def regroup(values: Tensor, counts: Tensor, order: Tensor, counts_by_pos: Tensor
     starts_by_pos = torch.empty_like(counts)
     starts_by_pos[order] = torch.cumsum(counts, 0) - counts
     return segment_gather(values, starts_by_pos, counts_by_pos)
-
-
-def gcn_weights(block: Block, degree: Tensor) -> Tensor:
-    """Kipf weights ``1/sqrt(d~_u d~_v)`` scaled by ``degree/sampled`` (see ``SamplerConfig.gcn_norm``).
-
-    Args:
-        block: a block whose self-loops sit last in each destination's segment.
-        degree: float [num_src] full-graph in-degree of each source node (destinations first).
-    """
-    inv_sqrt = torch.rsqrt(degree + 1.0)
-    dst_local = block.dst_index()
-    weight = inv_sqrt[block.indices] * inv_sqrt[dst_local]
-    sampled = (block.in_degrees() - 1).to(torch.float32)
-    scale = degree[:block.num_dst] / sampled.clamp(min=1.0)
-    is_self = torch.zeros(block.num_edges, dtype=torch.bool)
-    is_self[block.indptr[1:] - 1] = True
-    return torch.where(is_self, weight, weight * scale[dst_local])

@@ -91,8 +91,6 @@ class NeighborSampler:
         empty = torch.empty(0, dtype=torch.int64)
         self.graph = dgl.graph(("csc", (indptr, indices, empty)), num_nodes=self.num_nodes)
         self.degree = (indptr[1:] - indptr[:-1]).to(torch.float32)
-        # 1/sqrt(degree + 1) once per graph, not per block: the GCN weights of every block look it up.
-        self._inv_sqrt_deg_tilde = torch.rsqrt(self.degree + 1.0) if config.gcn_norm else None
         # DGL picks the fastest format per operation; keeping only CSC avoids a second full copy of the graph.
         self.graph = self.graph.formats("csc")
 
@@ -118,7 +116,7 @@ class NeighborSampler:
             if self.config.self_loops:
                 block = add_self_loops(block)
             if self.config.gcn_norm:
-                block.edge_weight = self._gcn_weights(block)
+                block.edge_weight = gcn_weights(block, self.degree[block.src_ids])
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
@@ -128,21 +126,31 @@ class NeighborSampler:
         # Sliced from the CSC rather than sample_neighbors(-1), whose per-node order depends on threading.
         starts = self.indptr[dst]
         counts = self.indptr[dst + 1] - starts
-        total = int(counts.sum())
-        segment_start = torch.cumsum(counts, 0) - counts
-        positions = torch.arange(total) + torch.repeat_interleave(starts - segment_start, counts, output_size=total)
-        return self.indices[positions], counts
+        return segment_gather(self.indices, starts, counts), counts
 
-    def _gcn_weights(self, block: Block) -> Tensor:
-        # Self-loops sit last in each destination's segment (see add_self_loops).
-        dst_local = block.dst_index()
-        inv_sqrt = self._inv_sqrt_deg_tilde
-        weight = inv_sqrt[block.src_ids[block.indices]] * inv_sqrt[block.src_ids[dst_local]]
-        sampled = (block.in_degrees() - 1).to(torch.float32)
-        scale = self.degree[block.dst_ids] / sampled.clamp(min=1.0)
-        is_self = torch.zeros(block.num_edges, dtype=torch.bool)
-        is_self[block.indptr[1:] - 1] = True
-        return torch.where(is_self, weight, weight * scale[dst_local])
+
+def gcn_weights(block: Block, degree: Tensor) -> Tensor:
+    """Kipf weights ``1/sqrt(d~_u d~_v)`` scaled by ``degree/sampled`` (see ``SamplerConfig.gcn_norm``).
+
+    Args:
+        block: a block whose self-loops sit last in each destination's segment (``add_self_loops``).
+        degree: float [num_src] full-graph in-degree of each source node (destinations first).
+    """
+    inv_sqrt = torch.rsqrt(degree + 1.0)
+    dst_local = block.dst_index()
+    weight = inv_sqrt[block.indices] * inv_sqrt[dst_local]
+    sampled = (block.in_degrees() - 1).to(torch.float32)
+    scale = degree[:block.num_dst] / sampled.clamp(min=1.0)
+    is_self = torch.zeros(block.num_edges, dtype=torch.bool)
+    is_self[block.indptr[1:] - 1] = True
+    return torch.where(is_self, weight, weight * scale[dst_local])
+
+
+def segment_gather(values: Tensor, starts: Tensor, counts: Tensor) -> Tensor:
+    """``cat([values[s:s + c] for s, c in zip(starts, counts)])``, vectorised."""
+    total = int(counts.sum())
+    shift = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
+    return values[torch.arange(total) + shift]
 
 
 def _grouped_by_dst(frontier: dgl.DGLGraph, dst: Tensor) -> tuple[Tensor, Tensor]:
