@@ -143,6 +143,21 @@ def test_compact_puts_destinations_first_then_sources_by_first_appearance():
     assert local.tolist() == [2, 1, 3, 2, 0, 4]
 
 
+
+@pytest.mark.parametrize("trial", range(5))
+def test_compact_matches_a_brute_force_numbering(trial):
+    from samplers.neighbor import compact
+
+    rng = np.random.default_rng(trial)
+    dst = torch.from_numpy(rng.permutation(5000)[:rng.integers(1, 300)])
+    src = torch.from_numpy(rng.integers(0, 600 if trial % 2 else 5000, rng.integers(0, 4000)))
+    order = list(dict.fromkeys(dst.tolist() + src.tolist()))  # destinations, then first appearances
+    where = {node: i for i, node in enumerate(order)}
+    src_ids, local = compact(dst, src)
+    assert src_ids.tolist() == order
+    assert local.tolist() == [where[node] for node in src.tolist()]
+
+
 SAMPLE_DIGEST = """
 import hashlib, sys, numpy as np, torch, dgl
 from gnnscale.data.dataset import csc_from_edges

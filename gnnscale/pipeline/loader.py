@@ -1,0 +1,324 @@
+"""A prefetching mini-batch loader: worker threads sample and gather ahead of the trainer.
+
+::
+
+    epoch order (seeded)  ->  tasks, in batch order  ->  worker threads (num_workers)
+                                                            sample(seeds, rng_i)   ids + blocks
+                                                            gather rows into a reused buffer slot
+    trainer  <-  batches in order  <-  reorder by index  <-------------'
+
+Design points:
+
+* **Workers are threads.**  Sampling (numpy), row gathering (``index_select``) and the
+  compaction all run in C with the GIL released, so threads overlap with the trainer's torch
+  ops without pickling anything: feature rows are written once, by the worker, into a buffer
+  the trainer reads in place.
+* **Reused buffers.**  ``prefetch + num_workers + 2`` buffer slots are allocated once (and
+  grown when a batch needs more rows); a worker takes a slot before it takes a task, tasks are
+  handed out in batch order, and a slot comes back when the trainer asks for the batch after
+  next.  The lowest batch not yet delivered therefore always holds a slot, so the pipeline
+  cannot deadlock, and at most that many batches exist at once (bounded memory).
+  With ``pin_memory`` the slots are page-locked, so a copy to the GPU is a true async DMA.
+* **Determinism.**  Batch ``i`` of epoch ``e`` is sampled with its own generator,
+  ``numpy.random.default_rng((seed, e, i))``, so batches are the same whatever the number of
+  workers and whichever worker takes which batch.
+* **Shutdown.**  Workers live for one pass over the data.  When the pass ends -- normally, by
+  ``break``, by an exception in the trainer or a worker, or by Ctrl-C -- the pass's ``finally``
+  stops and joins them (they check a stop flag between stages and never block forever), so no
+  worker outlives the loop; a worker's exception is re-raised in the trainer at that batch.
+* **Time accounting.**  :class:`PassStats` splits each pass into the trainer's waiting time
+  (the device idle) and the workers' time per stage.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnscale.batch import MiniBatch
+
+SampleFn = Callable[..., MiniBatch]
+
+_JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass(kw_only=True)
+class LoaderConfig:
+    """How a :class:`PrefetchLoader` schedules its work."""
+
+    batch_size: int = 1024
+    """Seed nodes per mini-batch (the last batch of a pass may be smaller unless ``drop_last``)."""
+    num_workers: int = 1
+    """Worker threads that sample and gather; 0 does both in the trainer's thread, on demand."""
+    prefetch: int = 2
+    """Batches kept ready beyond those the workers are preparing (the queue bound)."""
+    shuffle: bool = True
+    """Reshuffle the seeds every pass (pass ``e`` uses ``seed`` and ``e``)."""
+    drop_last: bool = False
+    """Skip the last, smaller batch of a pass."""
+    seed: int = 0
+    """Seeds the order of the seeds and every batch's sampling generator."""
+    pin_memory: bool = False
+    """Gather into page-locked buffers (set it when batches go to a CUDA device)."""
+    gather_features: bool = True
+    """Gather feature rows on the host; off when the table lives on the device and only ids travel."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 samples in the trainer's thread), got {self.num_workers}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
+
+
+@dataclass
+class PassStats:
+    """Where one pass over the data spent its time (seconds) and what it moved."""
+
+    batches: int = 0
+    wait: float = 0.0
+    """Trainer time blocked waiting for the next batch: the device idle."""
+    sample: float = 0.0
+    """Worker time sampling blocks (summed over workers)."""
+    gather: float = 0.0
+    """Worker time gathering feature rows and labels into buffers (summed over workers)."""
+    gathered_bytes: int = 0
+    """Bytes of feature rows gathered."""
+    seconds: float = 0.0
+    """Wall time of the pass, first request to last delivery."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"batches": self.batches, "wait_s": self.wait, "sample_s": self.sample, "gather_s": self.gather,
+                "gathered_bytes": self.gathered_bytes, "pass_s": self.seconds}
+
+
+@dataclass
+class LoadedBatch:
+    """A sampled mini-batch with its inputs.  ``x`` and ``y`` are views of a reused buffer slot:
+    valid until the trainer asks for the batch after next (copy them to keep them longer)."""
+
+    index: int
+    batch: MiniBatch
+    x: Tensor | None
+    """float [num_input, F] feature rows of ``batch.input_ids`` (None when ``gather_features`` is off)."""
+    y: Tensor
+    """Labels of ``batch.seeds``."""
+    slot: int = -1
+    release_after: list = field(default_factory=list)
+    """Events (``torch.cuda.Event``) that must complete before the slot's memory is reused."""
+
+
+def epoch_order(seeds: Tensor, *, shuffle: bool, seed: int, epoch: int) -> Tensor:
+    """The seeds in pass ``epoch``'s order: a seeded permutation, or as given."""
+    if not shuffle:
+        return seeds
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return seeds[torch.randperm(seeds.numel(), generator=generator)]
+
+
+def batch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The sampling generator of batch ``index`` of pass ``epoch``: independent of which thread draws it."""
+    return np.random.default_rng((seed, epoch, index))
+
+
+def split_batches(order: Tensor, batch_size: int, drop_last: bool) -> list[Tensor]:
+    batches = list(torch.split(order, batch_size))
+    if drop_last and batches and batches[-1].numel() < batch_size:
+        batches.pop()
+    return batches
+
+
+class _Slot:
+    """One reusable pair of host buffers (features, labels), grown on demand."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.features: Tensor | None = None
+        self.labels: Tensor | None = None
+
+    def _ensure(self, current: Tensor | None, rows: int, template: Tensor) -> Tensor:
+        if current is None or current.shape[0] < rows or current.dtype != template.dtype:
+            # 25% headroom: batch sizes vary a little, and regrowing a pinned buffer is slow.
+            current = torch.empty((int(rows * 1.25) + 1,) + tuple(template.shape[1:]), dtype=template.dtype,
+                                  pin_memory=self.pin)
+        return current
+
+    def gather(self, table: Tensor, ids: Tensor, which: str) -> Tensor:
+        buffer = self._ensure(getattr(self, which), ids.numel(), table)
+        setattr(self, which, buffer)
+        out = buffer[: ids.numel()]
+        torch.index_select(table, 0, ids, out=out)
+        return out
+
+
+class PrefetchLoader:
+    """Iterates over mini-batches of ``seeds``, prepared ahead of the trainer by worker threads.
+
+    Args:
+        sample: ``sample(seeds int64 [b], rng=generator) -> MiniBatch``, e.g. ``NeighborSampler.sample``, with
+            ``rng`` a keyword argument; called from worker threads, so it must not share mutable state
+            between calls (the samplers keep their scratch space per thread).
+        seeds: int64 [num_seeds] nodes to cover exactly once per pass.
+        features: float [num_nodes, F] feature table (host memory), indexed by ``batch.input_ids``.
+        labels: [num_nodes] labels, indexed by ``batch.seeds``.
+        config: scheduling settings.
+
+    Each ``iter(loader)`` is one pass (epoch); ``loader.stats`` describes the last pass.
+    """
+
+    def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor, labels: Tensor,
+                 config: LoaderConfig) -> None:
+        self.sample_fn = sample
+        self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        self.features, self.labels = features, labels
+        self.config = config
+        self.epoch = 0
+        self.stats = PassStats()
+        num_slots = config.prefetch + config.num_workers + 2 if config.num_workers else 2
+        self._slots = [_Slot(config.pin_memory) for _ in range(num_slots)]
+
+    def __len__(self) -> int:
+        n, b = self.seeds.numel(), self.config.batch_size
+        return n // b if self.config.drop_last else (n + b - 1) // b
+
+    # ------------------------------------------------------------------ one batch
+    def _prepare(self, index: int, seeds: Tensor, slot: int, epoch: int, stats: PassStats,
+                 lock: threading.Lock) -> LoadedBatch:
+        start = time.perf_counter()
+        batch = self.sample_fn(seeds, rng=batch_rng(self.config.seed, epoch, index))
+        sampled = time.perf_counter()
+        buffers = self._slots[slot]
+        x = buffers.gather(self.features, batch.input_ids, "features") if self.config.gather_features else None
+        y = buffers.gather(self.labels, batch.seeds, "labels")
+        done = time.perf_counter()
+        with lock:
+            stats.sample += sampled - start
+            stats.gather += done - sampled
+            stats.gathered_bytes += 0 if x is None else x.numel() * x.element_size()
+        return LoadedBatch(index=index, batch=batch, x=x, y=y, slot=slot)
+
+    # ------------------------------------------------------------------ a pass
+    def __iter__(self) -> Iterator[LoadedBatch]:
+        epoch = self.epoch
+        self.epoch += 1
+        order = epoch_order(self.seeds, shuffle=self.config.shuffle, seed=self.config.seed, epoch=epoch)
+        batches = split_batches(order, self.config.batch_size, self.config.drop_last)
+        self.stats = PassStats()
+        if self.config.num_workers == 0:
+            return self._serial_pass(batches, epoch)
+        return _ThreadedPass(self, batches, epoch).run()
+
+    def _serial_pass(self, batches: list[Tensor], epoch: int) -> Iterator[LoadedBatch]:
+        stats, lock, began = self.stats, threading.Lock(), time.perf_counter()
+        for index, seeds in enumerate(batches):
+            start = time.perf_counter()
+            loaded = self._prepare(index, seeds, index % 2, epoch, stats, lock)
+            stats.wait += time.perf_counter() - start
+            stats.batches += 1
+            stats.seconds = time.perf_counter() - began
+            yield loaded
+            _wait_events(loaded)
+
+
+def _wait_events(loaded: LoadedBatch) -> None:
+    for event in loaded.release_after:
+        event.synchronize()
+    loaded.release_after.clear()
+
+
+class _ThreadedPass:
+    """The state of one pass with worker threads (see the module docstring for the protocol)."""
+
+    def __init__(self, loader: PrefetchLoader, batches: list[Tensor], epoch: int) -> None:
+        self.loader, self.batches, self.epoch = loader, batches, epoch
+        self.cond = threading.Condition()
+        self.stats_lock = threading.Lock()
+        self.free_slots = list(range(len(loader._slots)))
+        self.next_task = 0
+        self.ready: dict[int, LoadedBatch | BaseException] = {}
+        self.stopping = False
+        self.threads: list[threading.Thread] = []
+
+    def _take_task(self) -> tuple[int, int] | None:
+        """Block until a slot is free and a task is left; ``(index, slot)``, or None when the pass is over."""
+        with self.cond:
+            while not self.stopping and self.next_task < len(self.batches) and not self.free_slots:
+                self.cond.wait()
+            if self.stopping or self.next_task >= len(self.batches):
+                return None
+            index, slot = self.next_task, self.free_slots.pop(0)
+            self.next_task += 1
+            return index, slot
+
+    def _work(self) -> None:
+        while True:
+            task = self._take_task()
+            if task is None:
+                return
+            index, slot = task
+            try:
+                result: LoadedBatch | BaseException = self.loader._prepare(
+                    index, self.batches[index], slot, self.epoch, self.loader.stats, self.stats_lock)
+            except BaseException as error:  # noqa: BLE001 -- handed to the trainer, re-raised there
+                result = error
+            with self.cond:
+                self.ready[index] = result
+                self.cond.notify_all()
+            if isinstance(result, BaseException):
+                return
+
+    def _release(self, loaded: LoadedBatch) -> None:
+        _wait_events(loaded)
+        with self.cond:
+            self.free_slots.append(loaded.slot)
+            self.cond.notify_all()
+
+    def _stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self.threads if t.is_alive()]
+        if alive:
+            # Daemon threads cannot keep the interpreter alive; say so rather than hang here.
+            raise RuntimeError(f"loader workers {alive} did not stop within {_JOIN_TIMEOUT_S:.0f} s "
+                               f"(a sample function blocked?)")
+
+    def run(self) -> Iterator[LoadedBatch]:
+        loader, stats = self.loader, self.loader.stats
+        began = time.perf_counter()
+        self.threads = [threading.Thread(target=self._work, name=f"gnnscale-loader-{i}", daemon=True)
+                        for i in range(min(loader.config.num_workers, max(len(self.batches), 1)))]
+        for thread in self.threads:
+            thread.start()
+        previous: LoadedBatch | None = None
+        try:
+            for index in range(len(self.batches)):
+                start = time.perf_counter()
+                with self.cond:
+                    while index not in self.ready:
+                        self.cond.wait(timeout=1.0)
+                    result = self.ready.pop(index)
+                stats.wait += time.perf_counter() - start
+                if isinstance(result, BaseException):
+                    raise result
+                # The batch before this one is no longer referenced by the trainer: recycle its slot.
+                if previous is not None:
+                    self._release(previous)
+                stats.batches += 1
+                stats.seconds = time.perf_counter() - began
+                previous = result
+                yield result
+        finally:
+            self._stop()
+            if previous is not None:
+                _wait_events(previous)
