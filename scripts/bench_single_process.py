@@ -1,45 +1,48 @@
-"""Time our single-process GraphSAGE training against DGL's standard pipeline on the same graph.
+"""Time our single-process training pipeline against DGL's standard pipeline on the same graph.
 
-    python scripts/bench_single_process.py                      # 1M nodes, degree 10, 100 features
+    python scripts/bench_single_process.py                      # 1M nodes, degree 10, 100 features, 1 worker
     python scripts/bench_single_process.py --num-nodes 200000 --epochs 2 --repeats 3 --out runs/bench_200k.json
     python scripts/bench_single_process.py --num-nodes 200000 --repeats 1 --profile 20   # + cProfile hotspots
 
 What runs, with the same hyper-parameters on both sides (3-layer GraphSAGE-mean, hidden 256,
 ReLU + dropout 0.5 between layers, fanouts 15,10,5 from the input side, batch 1024, Adam
-lr 0.01 with weight decay 5e-4, the same training nodes, CPU):
+lr 0.01 with weight decay 5e-4, the same training nodes, CPU), each side with ``--workers``
+loader workers:
 
-* **ours**: ``samplers.NeighborSampler`` + ``NodeLoader`` feeding
-  ``NodeClassificationTrainer.train_epoch`` (pure-torch ``gnnscale.nn.GNN``); validation
-  accuracy from ``trainer.evaluate()``.
-* **DGL**: ``dgl.dataloading.DataLoader`` over ``dgl.dataloading.NeighborSampler([15, 10, 5],
-  prefetch_node_feats=["feat"], prefetch_labels=["label"])`` with ``num_workers=0`` (ours is
-  single-process too), and three ``dgl.nn.SAGEConv(..., "mean")`` layers; the training loop
-  of DGL's ``examples/pytorch/graphsage/node_classification.py``.  Validation accuracy from
-  the same example's layer-wise full-neighbour inference (``MultiLayerFullNeighborSampler(1)``,
-  8192 nodes per batch), which is also what ours does, so the two accuracies mean the same.
+* **ours**: ``NodeClassificationTrainer`` (pure-torch ``gnnscale.nn.GNN``) fed by
+  ``gnnscale.pipeline.PrefetchLoader`` over ``samplers.NeighborSampler`` with ``--workers``
+  worker threads; validation accuracy from ``trainer.evaluate()``.
+* **dgl**: ``dgl.dataloading.DataLoader`` over ``dgl.dataloading.NeighborSampler([15, 10, 5],
+  prefetch_node_feats=["feat"], prefetch_labels=["label"])`` with ``num_workers=--workers``
+  (worker processes), and three ``dgl.nn.SAGEConv(..., "mean")`` layers: the training loop of
+  DGL's ``examples/pytorch/graphsage/node_classification.py``.  Validation accuracy from the
+  same example's layer-wise full-neighbour inference, which is also what ours does.
+* **dgl-alloc** (``--sides`` default includes it): the DGL side again, launched with glibc's
+  ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` set to what
+  ``gnnscale.pipeline.keep_freed_memory`` sets inside our trainer.  It shows how much of the
+  difference is that allocator setting alone (a user of DGL can set it by hand).
 
-The graph is generated once by ``generate_synthetic`` and saved as ``.npy`` files in a
-temporary folder; every measurement runs in a fresh child process that loads them, so
-generation is never timed and each side's peak RSS (``ru_maxrss`` of the child) is its own.
-Each repeat runs both sides (alternating which goes first, since the machine is shared)
-with seed = repeat index.  A child: one sampling-only pass over the training nodes
-(structure only), one pass that also gathers features and labels (what a training step
-consumes), ``--epochs`` timed training epochs, then one validation evaluation.
+The graph is generated once and saved as ``.npy`` files in a temporary folder; every
+measurement runs in a fresh child process that loads them, so generation is never timed and
+each side's peak RSS is its own.  Each repeat runs every side (rotating which goes first,
+since the machine is shared) with seed = repeat index.  A child: one sampling-only pass over
+the training nodes (``--workers`` workers, block structure only, no features), one pass that
+also gathers features (ours: measures the workers' gather bandwidth), ``--epochs`` timed
+training epochs, then one validation evaluation.
 
-Threads: each child gets ``--threads`` (default: all cores) via ``torch.set_num_threads``,
-``dgl.utils.set_num_threads`` and ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, the same on both
-sides.  With more than one thread DGL's sampler takes its fused sample-and-relabel kernel.
-On a machine shared with other work use ``--threads 1``: with the cores oversubscribed every
-OpenMP parallel region waits a scheduler time slice for a descheduled thread (measured on a
-loaded 2-core machine: ``torch.sort`` of 42k int64 takes 0.6 ms on one thread, 190 ms on two),
-so multi-threaded timings there measure the load, not the pipelines.
+Gather bandwidth: bytes of feature rows our workers gathered per second of gathering, against
+a plain contiguous copy (``Tensor.copy_``) of the same number of bytes on the same number of
+threads, measured in the same child.
 
-Before the timed passes each child draws a few batches untimed from each loader, so lazy
-set-up and first touches of the graph are not counted as sampling time.
+Threads: each child gets ``--threads`` torch/DGL/OpenMP threads (default 1: on this 2-core
+machine one worker plus one compute thread fill the cores; with the cores oversubscribed every
+OpenMP parallel region waits a scheduler time slice for a descheduled thread, so
+multi-threaded timings there measure the load, not the pipelines).
 
-Epoch time is the median over all ``repeats x epochs`` epochs; the other figures are medians
-over repeats.  Ratios are ours / DGL: below 1 is better for times and RSS, above 1 is better
-for batches per second.
+Before the timed passes each child draws a few batches untimed from each loader.  Epoch time
+is the median over all ``repeats x epochs`` epochs; the other figures are medians over
+repeats.  Ratios are ours / DGL: below 1 is better for times and RSS, above 1 is better for
+batches per second.
 """
 
 from __future__ import annotations
@@ -74,11 +77,13 @@ from gnnscale.data.dataset import GraphDataset  # noqa: E402
 from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic  # noqa: E402
 from gnnscale.nn import ModelConfig  # noqa: E402
 from gnnscale.train.node_classification import NodeClassificationTrainer, TrainConfig  # noqa: E402
-from samplers import NodeLoader, SamplerConfig  # noqa: E402
+from gnnscale.pipeline import LoaderConfig, PrefetchLoader  # noqa: E402
+from samplers import SamplerConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-SIDES = ("ours", "dgl")
+SIDES = ("ours", "dgl", "dgl-alloc")
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str((1 << 31) - 1)}
 FANOUTS = [15, 10, 5]
 HIDDEN = 256
 DROPOUT = 0.5
@@ -99,15 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=2, help="timed training epochs per side and repeat")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per side (seed = repeat index)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch, DGL and OpenMP threads "
-                        "in every child")
+    parser.add_argument("--threads", type=int, default=1, help="torch, DGL and OpenMP threads in every child")
+    parser.add_argument("--workers", type=int, default=1, help="loader workers on every side (ours: threads; "
+                        "DGL: DataLoader worker processes)")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which pipelines to run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic graph")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="after the timed epochs, cProfile one "
                         "more epoch per side and keep its top N functions by own time (0: off)")
     parser.add_argument("--child-timeout", type=float, default=3600.0, help="seconds before a child is killed")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_single_process.json"))
     # Internal: the parent re-runs this script as a child for one side.
-    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("ours", "dgl"), help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -115,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.workers < 0:
+        parser.error(f"--workers must be >= 0, got {args.workers}")
+    if "ours" not in args.sides or not {"dgl", "dgl-alloc"} & set(args.sides):
+        parser.error("--sides needs ours and at least one of dgl, dgl-alloc")
     for name in ("epochs", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -176,9 +187,9 @@ def profile_call(fn, top: int) -> str:
 
 
 class OursSide:
-    """Our pipeline: NeighborSampler + NodeLoader + NodeClassificationTrainer."""
+    """Our pipeline: NeighborSampler + PrefetchLoader (worker threads) + NodeClassificationTrainer."""
 
-    def __init__(self, data: dict[str, np.ndarray], num_classes: int, seed: int) -> None:
+    def __init__(self, data: dict[str, np.ndarray], num_classes: int, seed: int, workers: int) -> None:
         dataset = GraphDataset(name="synthetic", indptr=data["indptr"], indices=data["indices"],
                                features=data["features"], labels=data["labels"], train_masks=data["train_mask"],
                                val_masks=data["val_mask"], test_masks=data["test_mask"], num_classes=num_classes)
@@ -187,10 +198,12 @@ class OursSide:
             model_config=ModelConfig(model="sage", num_layers=len(FANOUTS), hidden=HIDDEN, dropout=DROPOUT),
             sampler_config=SamplerConfig(fanouts=FANOUTS),
             config=TrainConfig(batch_size=BATCH_SIZE, lr=LR, weight_decay=WEIGHT_DECAY,
-                               eval_batch_size=EVAL_BATCH_SIZE, seed=seed))
+                               eval_batch_size=EVAL_BATCH_SIZE, seed=seed, num_workers=workers))
         trainer = self.trainer
-        self.loader = NodeLoader(trainer.sampler, trainer.train_ids, BATCH_SIZE, shuffle=True, seed=seed)
-        self.sample_loader = NodeLoader(trainer.sampler, trainer.train_ids, BATCH_SIZE, shuffle=True, seed=seed)
+        self.loader = trainer.make_loader()
+        self.sample_loader = PrefetchLoader(trainer.sampler.sample, trainer.train_ids, trainer.features,
+                                            trainer.labels, LoaderConfig(batch_size=BATCH_SIZE, num_workers=workers,
+                                                                         seed=seed, gather_features=False))
 
     def warm_up(self) -> None:
         warm_up(self.sample_loader)
@@ -200,21 +213,40 @@ class OursSide:
         return timed_pass(self.sample_loader, lambda batch: None)
 
     def gather_pass(self) -> tuple[int, float]:
-        # The same indexing NodeClassificationTrainer uses to gather a batch's inputs.
-        features, labels = self.trainer.features, self.trainer.labels
-        return timed_pass(self.sample_loader, lambda batch: (features[batch.input_ids], labels[batch.seeds]))
+        count, seconds = timed_pass(self.loader, lambda batch: None)
+        stats = self.loader.stats
+        self.gathered = {"gathered_bytes": stats.gathered_bytes, "gather_thread_seconds": stats.gather,
+                         "gather_gb_per_s": stats.gathered_bytes / stats.gather / 1e9,
+                         "copy_gb_per_s": plain_copy_bandwidth(stats.gathered_bytes // max(count, 1))}
+        return count, seconds
 
     def train_epoch(self) -> float:
-        return self.trainer.train_epoch(self.loader)
+        loss = self.trainer.train_epoch(self.loader)
+        self.times.append(dict(self.trainer.last_times))
+        return loss
 
     def val_accuracy(self) -> float:
         return self.trainer.evaluate()[0]
 
 
+def plain_copy_bandwidth(num_bytes: int, repeats: int = 20) -> float:
+    """GB/s of ``Tensor.copy_`` between two contiguous, already-touched float tensors of ``num_bytes``."""
+    src = torch.rand(max(num_bytes // 4, 1))
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return src.numel() * 4 / statistics.median(times) / 1e9
+
+
 class DGLSide:
     """DGL's standard pipeline: dgl.dataloading.DataLoader + NeighborSampler + dgl.nn.SAGEConv."""
 
-    def __init__(self, data: dict[str, np.ndarray], num_classes: int, seed: int) -> None:
+    def __init__(self, data: dict[str, np.ndarray], num_classes: int, seed: int, workers: int) -> None:
+        self.workers = workers
         torch.manual_seed(seed)
         np.random.seed(seed)
         dgl.seed(seed)
@@ -233,7 +265,7 @@ class DGLSide:
 
     def _loader(self, sampler) -> dgl.dataloading.DataLoader:
         return dgl.dataloading.DataLoader(self.graph, self.train_ids, sampler, batch_size=BATCH_SIZE, shuffle=True,
-                                          drop_last=False, num_workers=0)
+                                          drop_last=False, num_workers=self.workers)
 
     def warm_up(self) -> None:
         warm_up(self.sample_loader)
@@ -304,7 +336,8 @@ def run_child(args: argparse.Namespace) -> dict:
 
     data = load_arrays(args.data)
     rss_data = rss_bytes()
-    side = (OursSide if args.child == "ours" else DGLSide)(data, args.num_classes, args.repeat)
+    side = (OursSide if args.child == "ours" else DGLSide)(data, args.num_classes, args.repeat, args.workers)
+    side.times = []
     result: dict = {"side": args.child, "repeat": args.repeat, "source_digest": source_digest(),
                     "rss_data_gib": rss_data / 2**30,
                     "rss_built_gib": rss_bytes() / 2**30}
@@ -312,13 +345,14 @@ def run_child(args: argparse.Namespace) -> dict:
     num_batches, seconds = side.sample_pass()
     result.update(num_batches=num_batches, sample_seconds=seconds, sample_batches_per_s=num_batches / seconds)
     num_batches, seconds = side.gather_pass()
-    result.update(gather_seconds=seconds, gather_batches_per_s=num_batches / seconds)
+    result.update(gather_seconds=seconds, gather_batches_per_s=num_batches / seconds, **getattr(side, "gathered", {}))
     epoch_seconds, losses = [], []
     for _ in range(args.epochs):
         start = time.perf_counter()
         losses.append(side.train_epoch())
         epoch_seconds.append(time.perf_counter() - start)
-    result.update(epoch_seconds=epoch_seconds, losses=losses, peak_rss_train_gib=peak_rss_bytes() / 2**30)
+    result.update(epoch_seconds=epoch_seconds, losses=losses, epoch_times=side.times,
+                  peak_rss_train_gib=peak_rss_bytes() / 2**30)
     start = time.perf_counter()
     result["val_accuracy"] = side.val_accuracy()
     result.update(eval_seconds=time.perf_counter() - start, peak_rss_gib=peak_rss_bytes() / 2**30)
@@ -346,11 +380,15 @@ def save_graph(args: argparse.Namespace, folder: Path) -> dict:
 
 def run_side(args: argparse.Namespace, side: str, repeat: int, folder: Path) -> dict:
     result_path = folder / f"{side}_{repeat}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--data", str(folder),
+    child = "ours" if side == "ours" else "dgl"
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", child, "--data", str(folder),
                "--repeat", str(repeat), "--result", str(result_path), "--epochs", str(args.epochs),
-               "--threads", str(args.threads), "--num-classes", str(args.num_classes), "--profile", str(args.profile)]
+               "--threads", str(args.threads), "--workers", str(args.workers), "--num-classes", str(args.num_classes),
+               "--profile", str(args.profile)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                DGLBACKEND="pytorch")
+    if side == "dgl-alloc":
+        env.update(MALLOC_ENV)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.child_timeout)
     if proc.returncode != 0:
@@ -361,6 +399,7 @@ def run_side(args: argparse.Namespace, side: str, repeat: int, folder: Path) -> 
 
 
 def summarize(results: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per figure: the median of every side that ran, and ours / that side."""
     rows = {
         "epoch_seconds": lambda rs: statistics.median(s for r in rs for s in r["epoch_seconds"]),
         "sample_batches_per_s": lambda rs: statistics.median(r["sample_batches_per_s"] for r in rs),
@@ -369,12 +408,22 @@ def summarize(results: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
         "val_accuracy": lambda rs: statistics.median(r["val_accuracy"] for r in rs),
         "peak_rss_train_gib": lambda rs: statistics.median(r["peak_rss_train_gib"] for r in rs),
         "peak_rss_gib": lambda rs: statistics.median(r["peak_rss_gib"] for r in rs),
-        "rss_data_gib": lambda rs: statistics.median(r["rss_data_gib"] for r in rs),
     }
     summary = {}
     for name, reduce in rows.items():
-        ours, dgl = reduce(results["ours"]), reduce(results["dgl"])
-        summary[name] = {"ours": ours, "dgl": dgl, "ratio": ours / dgl if dgl else float("nan")}
+        row = {side: reduce(rs) for side, rs in results.items() if rs}
+        for side in list(row):
+            if side != "ours":
+                row[f"ours/{side}"] = row["ours"] / row[side] if row[side] else float("nan")
+        summary[name] = row
+    ours = results["ours"]
+    summary["gather_bandwidth"] = {
+        "gather_gb_per_s": statistics.median(r["gather_gb_per_s"] for r in ours),
+        "copy_gb_per_s": statistics.median(r["copy_gb_per_s"] for r in ours),
+        "ratio": statistics.median(r["gather_gb_per_s"] / r["copy_gb_per_s"] for r in ours),
+    }
+    summary["ours_epoch_split"] = {key: statistics.median(t[key] for r in ours for t in r["epoch_times"])
+                                   for key in ("wait_s", "compute_s", "sample_s", "gather_s")}
     return summary
 
 
@@ -386,15 +435,23 @@ LABELS = {
     "val_accuracy": "val accuracy after epochs",
     "peak_rss_train_gib": "peak RSS after training, GiB",
     "peak_rss_gib": "peak RSS incl. inference, GiB",
-    "rss_data_gib": "RSS with data loaded, GiB",
 }
 
 
-def print_table(summary: dict[str, dict[str, float]]) -> None:
+def print_table(summary: dict[str, dict[str, float]], sides: list[str]) -> None:
     width = max(map(len, LABELS.values()))
-    print(f"{'':<{width}}  {'ours':>9}  {'DGL':>9}  {'ours/DGL':>9}")
-    for name, row in summary.items():
-        print(f"{LABELS[name]:<{width}}  {row['ours']:>9.3f}  {row['dgl']:>9.3f}  {row['ratio']:>9.3f}")
+    others = [side for side in sides if side != "ours"]
+    header = ["ours"] + others + [f"ours/{side}" for side in others]
+    print(f"{'':<{width}}" + "".join(f"  {h:>14}" for h in header))
+    for name, label in LABELS.items():
+        row = summary[name]
+        print(f"{label:<{width}}" + "".join(f"  {row[h]:>14.3f}" for h in header))
+    gather = summary["gather_bandwidth"]
+    print(f"feature gather {gather['gather_gb_per_s']:.2f} GB/s per worker thread; plain copy of the same bytes "
+          f"{gather['copy_gb_per_s']:.2f} GB/s; ratio {gather['ratio']:.3f}")
+    split = summary["ours_epoch_split"]
+    print("ours, per epoch: trainer waiting {wait_s:.2f} s, computing {compute_s:.2f} s; workers sampling "
+          "{sample_s:.2f} s, gathering {gather_s:.2f} s".format(**split))
 
 
 def main() -> None:
@@ -406,34 +463,36 @@ def main() -> None:
         return
 
     commit = git_commit()
-    results: dict[str, list[dict]] = {side: [] for side in SIDES}
+    sides = [side for side in SIDES if side in args.sides]
+    results: dict[str, list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="bench_single_process_") as tmp:
         folder = Path(tmp)
         graph = save_graph(args, folder)
         print(f"graph: {graph}", file=sys.stderr)
         for repeat in range(args.repeats):
-            for side in (SIDES if repeat % 2 == 0 else SIDES[::-1]):
+            for side in sides[repeat % len(sides):] + sides[:repeat % len(sides)]:
                 result = run_side(args, side, repeat, folder)
                 results[side].append(result)
-                print(f"repeat {repeat} {side:>4}: epochs {[round(s, 2) for s in result['epoch_seconds']]} s, "
+                print(f"repeat {repeat} {side:>9}: epochs {[round(s, 2) for s in result['epoch_seconds']]} s, "
                       f"val {result['val_accuracy']:.4f}, sampling {result['sample_batches_per_s']:.2f} batches/s, "
                       f"peak RSS {result['peak_rss_gib']:.2f} GiB", file=sys.stderr)
                 if "profile" in result:
                     print(f"--- cProfile of one {side} epoch (repeat {repeat}) ---\n{result['profile']}",
                           file=sys.stderr)
-    digests = sorted({r["source_digest"] for side in SIDES for r in results[side]})
+    digests = sorted({r["source_digest"] for side in sides for r in results[side]})
     if len(digests) > 1:
         print(f"WARNING: the library sources changed during the run ({len(digests)} versions: {digests}); "
               f"the repeats did not all run the same code, rerun for a clean comparison", file=sys.stderr)
     summary = summarize(results)
-    print_table(summary)
+    print_table(summary, sides)
     report = {
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "graph": graph,
         "settings": {"fanouts": FANOUTS, "hidden": HIDDEN, "num_layers": len(FANOUTS), "dropout": DROPOUT,
                      "batch_size": BATCH_SIZE, "lr": LR, "weight_decay": WEIGHT_DECAY,
                      "eval_batch_size": EVAL_BATCH_SIZE, "epochs": args.epochs, "repeats": args.repeats,
-                     "threads": args.threads, "dgl_num_workers": 0,
+                     "threads": args.threads, "workers": args.workers, "sides": sides,
+                     "dgl_alloc_env": MALLOC_ENV,
                      "dgl_eval": "layer-wise full-neighbour inference (MultiLayerFullNeighborSampler(1))"},
         "code": {"git_commit_at_start": commit, "source_digests": digests, "consistent": len(digests) == 1},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "dgl": dgl.__version__,

@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "improvement; 0 = off")
     train.add_argument("--eval-every", type=int, default=1)
     train.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    pipe = parser.add_argument_group("input pipeline")
+    pipe.add_argument("--num-workers", type=int, default=1, help="loader threads that sample and gather batches "
+                      "ahead of training (single process); 0 = in the training thread")
+    pipe.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead of training (beyond those "
+                      "the workers hold); distributed: 0 = no background thread")
+    pipe.add_argument("--features-on-device", action="store_true", help="keep the whole feature table on the "
+                      "device and send only ids (cuda, single process)")
+    pipe.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                      help="return freed memory to the system after every step (slower: pages fault in again)")
     dist = parser.add_argument_group(
         "distributed (torchrun)",
         "With --partitions, rank r of 'torchrun --nproc_per_node=K ...' trains on partition r of a folder written "
@@ -65,8 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
                       help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
                            "while sampling a few batches first")
-    dist.add_argument("--prefetch", type=int, default=2, help="batches sampled and fetched ahead of training; "
-                      "0 = no background thread")
     dist.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt if it exists "
                       "(use with torchrun --max-restarts)")
     dist.add_argument("--checkpoint-every", type=int, default=1, help="epochs between checkpoints; 0 = never")
@@ -102,7 +109,9 @@ def build_configs(args: argparse.Namespace):
     sampler_config = SamplerConfig(fanouts=fanouts, gcn_norm=args.model == "gcn", self_loops=args.model != "sage")
     train_config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                weight_decay=args.weight_decay, patience=args.patience, eval_every=args.eval_every,
-                               seed=args.seed, device=args.device)
+                               seed=args.seed, device=args.device, num_workers=args.num_workers,
+                               prefetch=args.prefetch, features_on_device=args.features_on_device,
+                               keep_freed_memory=args.keep_freed_memory)
     return model_config, sampler_config, train_config
 
 

@@ -41,6 +41,7 @@ from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
 from gnnscale.metrics import evaluate
 from gnnscale.nn import GNN, ModelConfig
+from gnnscale.pipeline.allocator import keep_freed_memory
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from gnnscale.train.node_classification import TrainConfig, TrainResult
 from partition.load import Partition
@@ -163,6 +164,11 @@ class DistNodeClassificationTrainer:
             raise ValueError(f"split {split} out of range: the partitions hold {num_splits} split(s), 0..{num_splits - 1}")
         self.part, self.runtime, self.config, self.dist_config = part, runtime, config, dist_config
         self.rank, self.world_size = runtime.rank, runtime.world_size
+        if config.keep_freed_memory:
+            keep_freed_memory()
+        if config.features_on_device or config.num_workers > 1:
+            log.warning("features_on_device and num_workers > 1 apply to single-process training; distributed "
+                        "training prepares batches in one background thread (--prefetch)")
         self.device = runtime.device
         self.out = out
         self.metric = part.metric

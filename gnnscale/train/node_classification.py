@@ -17,9 +17,11 @@ from gnnscale.batch import MiniBatch
 from gnnscale.data.dataset import GraphDataset
 from gnnscale.metrics import evaluate
 from gnnscale.nn import GNN, ModelConfig
+from gnnscale.pipeline import LoaderConfig, PrefetchLoader, keep_freed_memory
+from gnnscale.pipeline.device import DeviceFeeder
 
 if TYPE_CHECKING:  # samplers import dgl, which the GPU image cannot load; the trainer module must not need it
-    from samplers import NodeLoader, SamplerConfig
+    from samplers import SamplerConfig
 
 log = logging.getLogger("gnnscale.train")
 
@@ -46,11 +48,21 @@ class TrainConfig:
     """Seeds torch, numpy, DGL's sampler and the batch order."""
     device: str = "cpu"
     """``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``)."""
+    num_workers: int = 1
+    """Loader threads that sample and gather ahead of training; 0 samples in the training thread."""
+    prefetch: int = 2
+    """Batches kept ready beyond those the workers are preparing."""
+    features_on_device: bool = False
+    """Keep the whole feature table on the device and send only ids (CUDA; needs the memory)."""
+    keep_freed_memory: bool = True
+    """Keep freed heap memory in the process between steps (see :mod:`gnnscale.pipeline.allocator`)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers} and {self.prefetch}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0 or self.patience < 0:
@@ -100,6 +112,8 @@ class NodeClassificationTrainer:
                              f"give one fanout per layer, e.g. --fanouts {','.join(['10'] * model_config.num_layers)}")
         self.dataset, self.config = dataset, config
         self.device = torch.device(config.device)
+        if config.keep_freed_memory:
+            keep_freed_memory()
         seed_everything(config.seed)
         train_mask, val_mask, test_mask = dataset.split(split)
         self.train_ids = torch.from_numpy(np.nonzero(train_mask)[0])
@@ -111,26 +125,36 @@ class NodeClassificationTrainer:
         self.model = GNN(model_config, dataset.num_features, dataset.num_classes).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self._full_blocks: list | None = None
+        self.device_features = self.features.to(self.device) if config.features_on_device else None
+        self.feeder = DeviceFeeder(self.device, self.device_features)
+
+    def make_loader(self) -> PrefetchLoader:
+        """The training loader: the training nodes, shuffled every epoch, prepared by worker threads."""
+        cfg = self.config
+        return PrefetchLoader(self.sampler.sample, self.train_ids, self.features, self.labels, LoaderConfig(
+            batch_size=cfg.batch_size, num_workers=cfg.num_workers, prefetch=cfg.prefetch, seed=cfg.seed,
+            pin_memory=self.device.type == "cuda", gather_features=self.device_features is None))
 
     # ------------------------------------------------------------------ training
-    def _gather(self, batch: MiniBatch) -> tuple[MiniBatch, Tensor, Tensor]:
-        # index_select gathers rows about 1.5-2x faster than advanced indexing on CPU (measured, 270k x 100).
-        x = torch.index_select(self.features, 0, batch.input_ids).to(self.device, non_blocking=True)
-        y = torch.index_select(self.labels, 0, batch.seeds).to(self.device, non_blocking=True)
-        return batch.to(self.device, non_blocking=True), x, y
-
-    def train_epoch(self, loader: NodeLoader) -> float:
-        """One pass over the training nodes; returns the mean loss."""
+    def train_epoch(self, loader: PrefetchLoader) -> float:
+        """One pass over the training nodes; returns the mean loss (``self.last_times`` has the time split)."""
         self.model.train()
         total, count = 0.0, 0
-        for batch in loader:
-            batch, x, y = self._gather(batch)
-            loss = F.cross_entropy(self.model(batch.blocks, x), y)
+        start = time.perf_counter()
+        for item in self.feeder(loader):
+            loss = F.cross_entropy(self.model(item.batch.blocks, item.x), item.y)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            total += loss.item() * y.numel()
-            count += y.numel()
+            # .item() waits for the device: the loss is needed for the log anyway, and it keeps
+            # the wait/compute split honest on CUDA.
+            total += loss.item() * item.y.numel()
+            count += item.y.numel()
+        seconds = time.perf_counter() - start
+        stats = loader.stats
+        self.last_times = {"wait_s": stats.wait, "compute_s": seconds - stats.wait, "sample_s": stats.sample,
+                           "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds}
+        self.feeder.copy_seconds = 0.0
         return total / max(count, 1)
 
     # ------------------------------------------------------------------ evaluation
@@ -165,10 +189,8 @@ class NodeClassificationTrainer:
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
-        from samplers import NodeLoader
-
         cfg = self.config
-        loader = NodeLoader(self.sampler, self.train_ids, cfg.batch_size, shuffle=True, seed=cfg.seed)
+        loader = self.make_loader()
         best = {"val": -float("inf"), "test": float("nan"), "epoch": 0, "state": None}
         history: list[dict] = []
         train_seconds, since_best, epoch = 0.0, 0, 0
@@ -180,7 +202,10 @@ class NodeClassificationTrainer:
             loss = self.train_epoch(loader)
             epoch_seconds = time.perf_counter() - start
             train_seconds += epoch_seconds
-            record = {"epoch": epoch, "loss": loss, "epoch_seconds": epoch_seconds}
+            record = {"epoch": epoch, "loss": loss, "epoch_seconds": epoch_seconds,
+                      **{k: round(v, 4) for k, v in self.last_times.items()}}
+            times = "  (wait {wait_s:.2f}s compute {compute_s:.2f}s | workers: sample {sample_s:.2f}s " \
+                    "gather {gather_s:.2f}s)".format(**self.last_times)
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
                 val, test = self.evaluate()
                 record.update(val=val, test=test)
@@ -189,10 +214,10 @@ class NodeClassificationTrainer:
                     since_best = 0
                 else:
                     since_best += 1
-                log.info("epoch %3d  loss %.4f  %.2fs  val %s %.4f  (best %.4f @ %d)", epoch, loss, epoch_seconds,
-                         self.dataset.metric, val, best["val"], best["epoch"])
+                log.info("epoch %3d  loss %.4f  %.2fs  val %s %.4f  (best %.4f @ %d)%s", epoch, loss, epoch_seconds,
+                         self.dataset.metric, val, best["val"], best["epoch"], times)
             else:
-                log.info("epoch %3d  loss %.4f  %.2fs", epoch, loss, epoch_seconds)
+                log.info("epoch %3d  loss %.4f  %.2fs%s", epoch, loss, epoch_seconds, times)
             history.append(record)
             if cfg.patience and since_best >= cfg.patience:
                 log.info("early stop: no better validation score in %d evaluations", cfg.patience)
