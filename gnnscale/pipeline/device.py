@@ -92,7 +92,7 @@ class DeviceFeeder:
     def __call__(self, loaded_batches: Iterable[LoadedBatch]) -> Iterator[DeviceBatch]:
         """Yield each batch on the device; on CUDA the next batch's copy is in flight meanwhile."""
         if not self.cuda:
-            # No look-ahead: a CPU batch's tensors are the loader's buffers, recycled once the next is requested.
+            # Nothing to overlap on the CPU: the batch's tensors are the loader's buffers, used in place.
             for loaded in loaded_batches:
                 yield self._issue(loaded)[0]
             return

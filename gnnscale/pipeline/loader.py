@@ -32,6 +32,7 @@ Design points:
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,8 @@ class LoaderConfig:
             raise ValueError(f"num_workers must be >= 0 (0 samples in the trainer's thread), got {self.num_workers}")
         if self.prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass
@@ -129,7 +132,7 @@ def batch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def split_batches(order: Tensor, batch_size: int, drop_last: bool) -> list[Tensor]:
-    batches = list(torch.split(order, batch_size))
+    batches = list(torch.split(order, batch_size)) if order.numel() else []
     if drop_last and batches and batches[-1].numel() < batch_size:
         batches.pop()
     return batches
@@ -183,6 +186,7 @@ class PrefetchLoader:
         self.stats = PassStats()
         num_slots = config.prefetch + config.num_workers + 2 if config.num_workers else 2
         self._slots = [_Slot(config.pin_memory) for _ in range(num_slots)]
+        self._running = False
 
     def __len__(self) -> int:
         n, b = self.seeds.numel(), self.config.batch_size
@@ -210,10 +214,22 @@ class PrefetchLoader:
         self.epoch += 1
         order = epoch_order(self.seeds, shuffle=self.config.shuffle, seed=self.config.seed, epoch=epoch)
         batches = split_batches(order, self.config.batch_size, self.config.drop_last)
+        passes = self._serial_pass(batches, epoch) if self.config.num_workers == 0 else \
+            _ThreadedPass(self, batches, epoch).run()
+        return self._exclusive(passes)
+
+    def _exclusive(self, passes: Iterator[LoadedBatch]) -> Iterator[LoadedBatch]:
+        # Two passes at once would write into the same buffer slots.
+        if self._running:
+            raise RuntimeError("this PrefetchLoader is already in a pass; it runs one pass at a time (finish or "
+                               "close the first iterator, or make a second loader)")
+        self._running = True
         self.stats = PassStats()
-        if self.config.num_workers == 0:
-            return self._serial_pass(batches, epoch)
-        return _ThreadedPass(self, batches, epoch).run()
+        try:
+            yield from passes
+        finally:
+            passes.close()
+            self._running = False
 
     def _serial_pass(self, batches: list[Tensor], epoch: int) -> Iterator[LoadedBatch]:
         stats, lock, began = self.stats, threading.Lock(), time.perf_counter()
@@ -265,7 +281,7 @@ class _ThreadedPass:
             index, slot = task
             try:
                 result: LoadedBatch | BaseException = self.loader._prepare(
-                    index, self.batches[index], slot, self.epoch, self.loader.stats, self.stats_lock)
+                    index, self.batches[index], slot, self.epoch, self.stats, self.stats_lock)
             except BaseException as error:  # noqa: BLE001 -- handed to the trainer, re-raised there
                 result = error
             with self.cond:
@@ -294,13 +310,14 @@ class _ThreadedPass:
                                f"(a sample function blocked?)")
 
     def run(self) -> Iterator[LoadedBatch]:
-        loader, stats = self.loader, self.loader.stats
+        loader = self.loader
+        stats = self.stats = loader.stats
         began = time.perf_counter()
         self.threads = [threading.Thread(target=self._work, name=f"gnnscale-loader-{i}", daemon=True)
                         for i in range(min(loader.config.num_workers, max(len(self.batches), 1)))]
         for thread in self.threads:
             thread.start()
-        previous: LoadedBatch | None = None
+        held: collections.deque[LoadedBatch] = collections.deque()
         try:
             for index in range(len(self.batches)):
                 start = time.perf_counter()
@@ -311,14 +328,14 @@ class _ThreadedPass:
                 stats.wait += time.perf_counter() - start
                 if isinstance(result, BaseException):
                     raise result
-                # The batch before this one is no longer referenced by the trainer: recycle its slot.
-                if previous is not None:
-                    self._release(previous)
+                # The trainer may still hold the previous batch; the one before it is recycled.
+                if len(held) == 2:
+                    self._release(held.popleft())
                 stats.batches += 1
                 stats.seconds = time.perf_counter() - began
-                previous = result
+                held.append(result)
                 yield result
         finally:
             self._stop()
-            if previous is not None:
-                _wait_events(previous)
+            for loaded in held:
+                _wait_events(loaded)
