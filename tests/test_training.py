@@ -124,3 +124,31 @@ def test_cli_rejects_malformed_fanouts(capsys):
         main(["--fanouts", "15,x"])
     assert exit_info.value.code == 2
     assert "is not a comma-separated list of integers" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_training_promptly_and_writes_nothing(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "train_node_classification.py"
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), "--dataset", "synthetic", "--num-nodes", "20000",
+                             "--epochs", "100", "--num-workers", "2", "--out", str(out)],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # wait until training (and so the loader's workers) has started
+            if "epoch   1" in line or time.monotonic() > deadline:
+                break
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 15
+    assert proc.returncode == 130, stderr
+    assert "interrupted: no metrics.json written" in stderr
+    assert not (out / "metrics.json").exists()

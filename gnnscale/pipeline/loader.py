@@ -9,9 +9,9 @@
 
 Design points:
 
-* **Workers are threads.**  Sampling (numpy), row gathering (``index_select``) and the
-  compaction all run in C with the GIL released, so threads overlap with the trainer's torch
-  ops without pickling anything: feature rows are written once, by the worker, into a buffer
+* **Workers are threads.**  Sampling (numpy), the compaction and row gathering (a compiled
+  kernel with software prefetch, :mod:`gnnscale.pipeline.native`) all run in C with the GIL
+  released, so threads overlap with the trainer's torch ops without pickling anything: feature rows are written once, by the worker, into a buffer
   the trainer reads in place.
 * **Reused buffers.**  ``prefetch + num_workers + 2`` buffer slots are allocated once (and
   grown when a batch needs more rows); a worker takes a slot before it takes a task, tasks are
@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.batch import MiniBatch
+from gnnscale.pipeline.native import gather_rows
 
 SampleFn = Callable[..., MiniBatch]
 
@@ -156,9 +157,7 @@ class _Slot:
     def gather(self, table: Tensor, ids: Tensor, which: str) -> Tensor:
         buffer = self._ensure(getattr(self, which), ids.numel(), table)
         setattr(self, which, buffer)
-        out = buffer[: ids.numel()]
-        torch.index_select(table, 0, ids, out=out)
-        return out
+        return gather_rows(table, ids, buffer[: ids.numel()])
 
 
 class PrefetchLoader:

@@ -229,4 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
+        print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
+        return 130
     return 0
