@@ -152,3 +152,30 @@ def test_ctrl_c_stops_training_promptly_and_writes_nothing(tmp_path):
     assert proc.returncode == 130, stderr
     assert "interrupted: no metrics.json written" in stderr
     assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_training_is_the_same_with_any_number_of_loader_workers(num_workers):
+    data = planted_dataset()
+
+    def run(workers):
+        trainer = NodeClassificationTrainer(
+            data, split=0, model_config=ModelConfig(model="sage", num_layers=2, hidden=16),
+            sampler_config=SamplerConfig(fanouts=[5, 5]),
+            config=TrainConfig(epochs=3, batch_size=64, seed=4, num_workers=workers))
+        result = trainer.fit()
+        return [round(h["loss"], 6) for h in result.history], result.test, result.history
+
+    losses, test, history = run(num_workers)
+    reference_losses, reference_test, _ = run(2)
+    assert losses == reference_losses and test == reference_test
+    for record in history:  # the per-epoch time split is recorded
+        assert record["compute_s"] > 0 and record["sample_s"] > 0 and record["wait_s"] >= 0
+
+
+def test_features_on_device_is_ignored_with_a_warning_on_cpu(caplog):
+    trainer = NodeClassificationTrainer(
+        planted_dataset(), split=0, model_config=ModelConfig(model="sage", num_layers=1, hidden=4),
+        sampler_config=SamplerConfig(fanouts=[5]), config=TrainConfig(epochs=1, features_on_device=True))
+    assert trainer.device_features is None
+    assert "--features-on-device has no effect on cpu" in caplog.text

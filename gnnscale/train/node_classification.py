@@ -125,8 +125,21 @@ class NodeClassificationTrainer:
         self.model = GNN(model_config, dataset.num_features, dataset.num_classes).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self._full_blocks: list | None = None
-        self.device_features = self.features.to(self.device) if config.features_on_device else None
+        self.device_features = self._features_on_device() if config.features_on_device else None
         self.feeder = DeviceFeeder(self.device, self.device_features)
+
+    def _features_on_device(self) -> Tensor | None:
+        """The feature table copied to the device, or None (with a warning) where that gains nothing."""
+        if self.device.type != "cuda":
+            log.warning("--features-on-device has no effect on %s: the table is already in host memory", self.device)
+            return None
+        needed = self.features.numel() * self.features.element_size()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        # Leave room for activations, gradients and optimizer state: the table may take at most 80% of free memory.
+        if needed > 0.8 * free:
+            raise ValueError(f"the feature table ({needed / 2**30:.2f} GiB) does not fit in 80% of the "
+                             f"{free / 2**30:.2f} GiB free on {self.device}; drop --features-on-device")
+        return self.features.to(self.device)
 
     def make_loader(self) -> PrefetchLoader:
         """The training loader: the training nodes, shuffled every epoch, prepared by worker threads."""
