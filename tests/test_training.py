@@ -70,7 +70,9 @@ def test_fanouts_must_match_layers():
 
 
 @pytest.mark.parametrize("kwargs,match", [({"epochs": 0}, "epochs must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
-                                          ({"device": "cuda:7"}, "torch sees no CUDA device")])
+                                          ({"device": "cuda:7"}, "torch sees no CUDA device"),
+                                          ({"num_workers": -1}, "num_workers must be >= 0"),
+                                          ({"prefetch": -1}, "prefetch must be >= 0, got -1")])
 def test_train_config_errors(kwargs, match):
     if kwargs.get("device") and torch.cuda.is_available():
         pytest.skip("a CUDA device is present")

@@ -61,8 +61,10 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_workers < 0 or self.prefetch < 0:
-            raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers} and {self.prefetch}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 samples in the training thread), got {self.num_workers}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.weight_decay < 0 or self.patience < 0:
