@@ -153,10 +153,11 @@ class NeighborSampler:
         total = int(counts.sum())
         first = np.cumsum(counts) - counts
         # Each edge's position inside its destination's CSC segment; taking every edge is 0..count-1.
-        position = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
         if replace:
             position = (rng.random(total) * np.repeat(degree, counts)).astype(np.int64)
-        elif fanout != -1:
+        else:
+            position = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
+        if not replace and fanout != -1:
             wide = np.flatnonzero(degree > fanout)
             if wide.size:
                 slots = first[wide, None] + np.arange(fanout)
