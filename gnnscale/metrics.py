@@ -1,4 +1,4 @@
-"""Evaluation metrics on plain tensors: accuracy and binary ROC-AUC (no scikit-learn needed)."""
+"""Evaluation metrics on plain tensors: accuracy, binary ROC-AUC, average precision, MRR (no scikit-learn needed)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,38 @@ def roc_auc(scores: Tensor, labels: Tensor) -> float:
     ranks[order] = average_rank[inverse]
     rank_sum = ranks[labels].sum().item()
     return (rank_sum - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg)
+
+
+def average_precision(scores: Tensor, labels: Tensor) -> float:
+    """Average precision of ``scores`` float [n] for binary ``labels``: ``sum_k (R_k - R_{k-1}) P_k`` over
+    the distinct score thresholds, highest first (tied scores form one threshold), as scikit-learn's
+    ``average_precision_score``.  NaN without positives."""
+    labels = labels.to(torch.bool)
+    num_pos = int(labels.sum())
+    if num_pos == 0:
+        return float("nan")
+    order = torch.argsort(scores.double(), descending=True)
+    sorted_scores, sorted_labels = scores.double()[order], labels[order]
+    true_positives = torch.cumsum(sorted_labels.double(), 0)
+    # The last position of every run of tied scores is where that threshold's counts are read.
+    last_of_run = torch.ones_like(sorted_labels)
+    last_of_run[:-1] = sorted_scores[1:] != sorted_scores[:-1]
+    tp = true_positives[last_of_run]
+    predicted = torch.nonzero(last_of_run).squeeze(1).double() + 1
+    precision = tp / predicted
+    recall = tp / num_pos
+    previous = torch.cat([recall.new_zeros(1), recall[:-1]])
+    return float(((recall - previous) * precision).sum())
+
+
+def mean_reciprocal_rank(positive: Tensor, negatives: Tensor) -> float:
+    """Mean of ``1 / rank`` of each ``positive`` score float [n] among itself and its row of ``negatives``
+    float [n, K]; a tie counts half a place (the expected rank under random tie-breaking)."""
+    if positive.numel() == 0:
+        return float("nan")
+    higher = (negatives > positive.unsqueeze(1)).sum(1).double()
+    tied = (negatives == positive.unsqueeze(1)).sum(1).double()
+    return float((1.0 / (1.0 + higher + tied / 2)).mean())
 
 
 def evaluate(metric: str, logits: Tensor, labels: Tensor) -> float:

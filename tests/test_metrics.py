@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -29,3 +31,35 @@ def test_accuracy_and_unknown_metric():
     assert accuracy(logits, torch.tensor([0, 1, 1])) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="unknown metric 'f1'"):
         evaluate("f1", logits, torch.tensor([0, 1, 1]))
+
+
+def test_average_precision_matches_a_brute_force_definition():
+    from gnnscale.metrics import average_precision
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        n = 30
+        scores = torch.randint(0, 8 if trial % 2 else 1000, (n,), generator=generator).float()  # ties on odd trials
+        labels = torch.randint(0, 2, (n,), generator=generator)
+        labels[0] = 1
+        # Brute force: walk the distinct thresholds from the top; precision and recall at each.
+        expected, previous_recall = 0.0, 0.0
+        for threshold in sorted(set(scores.tolist()), reverse=True):
+            chosen = scores >= threshold
+            tp = int((chosen & labels.bool()).sum())
+            recall = tp / int(labels.sum())
+            expected += (recall - previous_recall) * tp / int(chosen.sum())
+            previous_recall = recall
+        assert average_precision(scores, labels) == pytest.approx(expected)
+    assert average_precision(torch.tensor([0.9, 0.8, 0.1]), torch.tensor([1, 1, 0])) == 1.0
+    assert average_precision(torch.tensor([0.1, 0.8]), torch.tensor([1, 0])) == pytest.approx(0.5)
+    assert math.isnan(average_precision(torch.tensor([0.3]), torch.tensor([0])))
+
+
+def test_mean_reciprocal_rank():
+    from gnnscale.metrics import mean_reciprocal_rank
+
+    positive = torch.tensor([0.9, 0.5, 0.2])
+    negatives = torch.tensor([[0.1, 0.2], [0.6, 0.1], [0.3, 0.2]])
+    # ranks: 1, 2, and 2.5 (one higher, one tied)
+    assert mean_reciprocal_rank(positive, negatives) == pytest.approx((1 + 1 / 2 + 1 / 2.5) / 3)

@@ -1,0 +1,205 @@
+"""Node memory for memory-based temporal GNNs (TGN, Rossi et al. 2020), as an explicit state object.
+
+Every node ``i`` has a memory vector ``s_i`` and the time ``t_i`` it was last updated.  An event
+``(u, v, t, e)`` leaves a *message* for each endpoint, ``m_u = [s_u, s_v, e]`` at time ``t``
+(and symmetrically for ``v``); the time encoding of ``t - t_u`` is added when the message is
+applied, so the encoder is trained through it.  A node's pending messages are aggregated
+(``last`` or ``mean`` of one batch's messages) and applied with a GRU cell.
+
+Leakage-free order for one batch ``b`` (what :class:`TemporalMemory` is built for)::
+
+    memory = tm.updated()              # 1. apply the messages of batches < b (differentiable)
+    ... embeddings from `memory`, loss, backward ...           # batch b's events not used yet
+    tm.persist(nodes, memory)          # 2. keep the updated rows of batch b's nodes (detached)
+    tm.store_messages(src, dst, t, e)  # 3. batch b's events become messages for later batches
+
+so a batch's own events never influence its own embeddings.  :class:`MemoryState` holds only
+tensors (``state_dict``/``load_state_dict``, ``to(device)``, ``reset()``); the learnable parts
+(time encoder, GRU) are ordinary ``nn.Module`` s.  Nothing here imports DGL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(kw_only=True)
+class MemoryConfig:
+    """Sizes and policy of a :class:`TemporalMemory`."""
+
+    memory_dim: int = 100
+    """Width of each node's memory vector."""
+    time_dim: int = 100
+    """Width of the time encoding cos(w * dt + b)."""
+    edge_dim: int = 0
+    """Width of the per-event features carried in messages (0 when events have none)."""
+    aggregator: Literal["last", "mean"] = "last"
+    """How one batch's messages to the same node are combined."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_dim", "time_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.edge_dim < 0:
+            raise ValueError(f"edge_dim must be >= 0, got {self.edge_dim}")
+        if self.aggregator not in ("last", "mean"):
+            raise ValueError(f"unknown aggregator {self.aggregator!r}; choose last or mean")
+
+    @property
+    def raw_message_dim(self) -> int:
+        return 2 * self.memory_dim + self.edge_dim
+
+
+class TimeEncoder(nn.Module):
+    """``phi(dt) = cos(w * dt + b)``, ``w`` initialised to ``10 ** -linspace(0, 9, dim)`` as in TGN."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, dim)
+        with torch.no_grad():
+            self.linear.weight.copy_((1.0 / 10 ** torch.linspace(0, 9, dim)).unsqueeze(1))
+            self.linear.bias.zero_()
+
+    def forward(self, dt: Tensor) -> Tensor:
+        """``dt`` float [...] -> float [..., dim]."""
+        return torch.cos(self.linear(dt.unsqueeze(-1).to(self.linear.weight.dtype)))
+
+
+class MemoryState:
+    """The non-learnable state: memory, last-update times and one pending (aggregated) message per node.
+
+    Attributes (all tensors on one device):
+        memory: float [N, memory_dim].
+        last_update: float64 [N] time of each node's last memory update (0 at start).
+        mail: float [N, raw_message_dim] pending aggregated message ``[s_self, s_other, e]``.
+        mail_time: float64 [N] time of the pending message.
+        has_mail: bool [N].
+    """
+
+    def __init__(self, num_nodes: int, config: MemoryConfig, device: torch.device | str = "cpu") -> None:
+        self.num_nodes, self.config = num_nodes, config
+        self.device = torch.device(device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: zero memory, times and mail (start of every epoch over the stream)."""
+        n, cfg, device = self.num_nodes, self.config, self.device
+        self.memory = torch.zeros(n, cfg.memory_dim, device=device)
+        self.last_update = torch.zeros(n, dtype=torch.float64, device=device)
+        self.mail = torch.zeros(n, cfg.raw_message_dim, device=device)
+        self.mail_time = torch.zeros(n, dtype=torch.float64, device=device)
+        self.has_mail = torch.zeros(n, dtype=torch.bool, device=device)
+
+    _FIELDS = ("memory", "last_update", "mail", "mail_time", "has_mail")
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name).clone() for name in self._FIELDS}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for name in self._FIELDS:
+            value = state[name]
+            current = getattr(self, name)
+            if value.shape != current.shape or value.dtype != current.dtype:
+                raise ValueError(f"memory state {name!r} has shape {tuple(value.shape)} and dtype {value.dtype}, "
+                                 f"expected {tuple(current.shape)} and {current.dtype} (a different graph or config?)")
+            setattr(self, name, value.to(self.device).clone())
+
+    def to(self, device: torch.device | str) -> "MemoryState":
+        self.device = torch.device(device)
+        for name in self._FIELDS:
+            setattr(self, name, getattr(self, name).to(self.device))
+        return self
+
+
+class TemporalMemory(nn.Module):
+    """Learnable memory updater (time encoder + GRU cell) around a :class:`MemoryState`.
+
+    Args:
+        num_nodes: nodes in the event stream.
+        config: sizes and aggregator.
+    """
+
+    def __init__(self, num_nodes: int, config: MemoryConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.time_encoder = TimeEncoder(config.time_dim)
+        self.gru = nn.GRUCell(config.raw_message_dim + config.time_dim, config.memory_dim)
+        self.state = MemoryState(num_nodes, config)
+
+    def _apply(self, fn, *args, **kwargs):  # keep the state on the module's device through .to()/.cuda()
+        result = super()._apply(fn, *args, **kwargs)
+        self.state.to(self.gru.weight_hh.device)
+        return result
+
+    def updated(self, needed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(memory float [N, d], last_update float64 [N])`` after applying the pending messages of the
+        ``needed`` nodes (default: every node with mail); other rows are the stored ones.
+
+        Differentiable in the GRU and the time encoder; the stored state is not changed.  A batch
+        needs only its own nodes and their sampled neighbours, and updating just those keeps a step's
+        cost independent of how many nodes have mail waiting.
+        """
+        state = self.state
+        if needed is None:
+            nodes = torch.nonzero(state.has_mail).squeeze(1)
+        else:
+            nodes = torch.unique(needed)
+            nodes = nodes[state.has_mail[nodes]]
+        if nodes.numel() == 0:
+            return state.memory, state.last_update
+        dt = (state.mail_time[nodes] - state.last_update[nodes]).to(state.memory.dtype)
+        message = torch.cat([state.mail[nodes], self.time_encoder(dt)], dim=1)
+        rows = self.gru(message, state.memory[nodes])
+        memory = state.memory.index_put((nodes,), rows)
+        last_update = state.last_update.index_put((nodes,), state.mail_time[nodes])
+        return memory, last_update
+
+    @torch.no_grad()
+    def persist(self, nodes: Tensor, memory: Tensor, last_update: Tensor) -> None:
+        """Keep the updated rows of ``nodes`` (from :meth:`updated`) and clear their mail."""
+        nodes = torch.unique(nodes)
+        state = self.state
+        state.memory[nodes] = memory[nodes].detach()
+        state.last_update[nodes] = last_update[nodes]
+        state.has_mail[nodes] = False
+
+    @torch.no_grad()
+    def store_messages(self, src: Tensor, dst: Tensor, t: Tensor, edge_features: Tensor | None = None) -> None:
+        """Turn events ``src -> dst`` at ``t`` (float64 [B]) into pending messages for both endpoints.
+
+        Messages carry the endpoints' *stored* memory (call after :meth:`persist`).  A node with
+        several events in the batch keeps the last one's message (``last``) or their mean (``mean``),
+        at the time of its last event.
+        """
+        state, cfg = self.state, self.config
+        memory = state.memory
+        parts_src = [memory[src], memory[dst]]
+        parts_dst = [memory[dst], memory[src]]
+        if cfg.edge_dim:
+            if edge_features is None:
+                raise ValueError(f"the memory expects {cfg.edge_dim} edge features per event, got none")
+            parts_src.append(edge_features)
+            parts_dst.append(edge_features)
+        nodes = torch.cat([src, dst])
+        messages = torch.cat([torch.cat(parts_src, 1), torch.cat(parts_dst, 1)])
+        times = torch.cat([t, t]).to(torch.float64)
+        order = torch.argsort(times, stable=True)  # so "last" is the latest event, whichever endpoint
+        nodes, messages, times = nodes[order], messages[order], times[order]
+        unique, inverse = torch.unique(nodes, return_inverse=True)
+        position = torch.arange(nodes.numel(), device=nodes.device)
+        last = torch.full((unique.numel(),), -1, dtype=torch.long, device=nodes.device)
+        last = last.scatter_reduce(0, inverse, position, reduce="amax")
+        if cfg.aggregator == "last":
+            aggregated = messages[last]
+        else:
+            total = messages.new_zeros(unique.numel(), messages.shape[1]).index_add_(0, inverse, messages)
+            count = torch.bincount(inverse, minlength=unique.numel()).clamp(min=1).to(messages.dtype)
+            aggregated = total / count.unsqueeze(1)
+        state.mail[unique] = aggregated
+        state.mail_time[unique] = times[last]
+        state.has_mail[unique] = True
+

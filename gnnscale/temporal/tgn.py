@@ -1,0 +1,131 @@
+"""TGN (Rossi et al. 2020): node memory + temporal graph attention over sampled past neighbours + link predictor.
+
+The embedding of node ``i`` at time ``t`` attends from ``[s_i, phi(0)]`` over its ``k`` sampled
+past events ``(j, t_j, e_j)`` with keys and values ``[s_j, e_j, phi(t - t_j)]`` (``s`` = memory
+after pending messages, ``phi`` the memory's time encoder, shared), and merges the result with
+``s_i`` through a two-layer MLP.  Link logits come from an MLP over ``[z_u, z_v]``.
+
+Plain torch; the neighbour arrays come from ``samplers.temporal`` (numpy) as tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gnnscale.temporal.memory import MemoryConfig, TemporalMemory
+
+
+@dataclass(kw_only=True)
+class TGNConfig:
+    """Architecture of a :class:`TGN` (beyond its memory)."""
+
+    embedding_dim: int = 100
+    """Width of node embeddings."""
+    heads: int = 2
+    """Attention heads."""
+    dropout: float = 0.1
+    """Dropout in attention and the merge MLP."""
+
+    def __post_init__(self) -> None:
+        if self.embedding_dim < 1 or self.heads < 1:
+            raise ValueError(f"embedding_dim and heads must be >= 1, got {self.embedding_dim} and {self.heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class Neighborhood:
+    """Sampled past events of a set of query nodes, as tensors: each ``[B, k]``."""
+
+    neighbors: Tensor
+    times: Tensor
+    event_ids: Tensor
+    mask: Tensor
+    """bool: False marks padding."""
+
+
+class TemporalAttention(nn.Module):
+    """One layer of TGN's graph attention embedding."""
+
+    def __init__(self, memory_dim: int, edge_dim: int, time_dim: int, config: TGNConfig) -> None:
+        super().__init__()
+        query_dim = memory_dim + time_dim
+        key_dim = memory_dim + edge_dim + time_dim
+        # MultiheadAttention needs the query width divisible by the heads; pad the query projection instead.
+        self.attention = nn.MultiheadAttention(embed_dim=query_dim, num_heads=config.heads, kdim=key_dim,
+                                               vdim=key_dim, dropout=config.dropout, batch_first=True) \
+            if query_dim % config.heads == 0 else None
+        if self.attention is None:
+            raise ValueError(f"memory_dim + time_dim = {query_dim} must be divisible by heads={config.heads}")
+        self.merge = nn.Sequential(nn.Linear(query_dim + memory_dim, config.embedding_dim), nn.ReLU(),
+                                   nn.Dropout(config.dropout), nn.Linear(config.embedding_dim, config.embedding_dim))
+
+    def forward(self, self_state: Tensor, query_time_code: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
+        """``self_state`` [B, d_mem], ``query_time_code`` [B, d_time], ``keys`` [B, k, d_key], ``mask`` [B, k]."""
+        query = torch.cat([self_state, query_time_code], dim=1).unsqueeze(1)
+        # A row without any past event attends to nothing: give it one dummy valid slot and zero its output.
+        empty = ~mask.any(dim=1)
+        key_padding = ~mask
+        key_padding[empty, 0] = False
+        out, _ = self.attention(query, keys, keys, key_padding_mask=key_padding, need_weights=False)
+        out = out.squeeze(1).masked_fill(empty.unsqueeze(1), 0.0)
+        return self.merge(torch.cat([out, self_state], dim=1))
+
+
+class LinkPredictor(nn.Module):
+    """``logit(u, v) = MLP([z_u, z_v])``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(2 * dim, dim), nn.ReLU(), nn.Linear(dim, 1))
+
+    def forward(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
+        return self.mlp(torch.cat([z_src, z_dst], dim=1)).squeeze(1)
+
+
+class TGN(nn.Module):
+    """Memory, one temporal attention layer and a link predictor.
+
+    Args:
+        num_nodes: nodes in the event stream.
+        memory_config: the memory's sizes (its ``edge_dim`` is the events' feature width).
+        config: embedding sizes.
+    """
+
+    def __init__(self, num_nodes: int, memory_config: MemoryConfig, config: TGNConfig) -> None:
+        super().__init__()
+        self.memory = TemporalMemory(num_nodes, memory_config)
+        self.embedding = TemporalAttention(memory_config.memory_dim, memory_config.edge_dim,
+                                           memory_config.time_dim, config)
+        self.predictor = LinkPredictor(config.embedding_dim)
+        self.edge_dim = memory_config.edge_dim
+
+    def embed(self, memory: Tensor, nodes: Tensor, times: Tensor, neighborhood: Neighborhood,
+              edge_features: Tensor | None) -> Tensor:
+        """Embeddings float [B, embedding_dim] of ``nodes`` at ``times`` (float64 [B]).
+
+        ``memory`` is the full updated memory from ``self.memory.updated()``; ``edge_features``
+        float [E, edge_dim] is indexed by the neighbourhood's event ids.
+        """
+        encoder = self.memory.time_encoder
+        dt = (times.unsqueeze(1) - neighborhood.times).to(memory.dtype).clamp(min=0.0)
+        parts = [memory[neighborhood.neighbors]]
+        if self.edge_dim:
+            ids = neighborhood.event_ids.clamp(min=0)
+            parts.append(edge_features[ids] * neighborhood.mask.unsqueeze(-1))
+        parts.append(encoder(dt))
+        keys = torch.cat(parts, dim=-1)
+        query_code = encoder(torch.zeros_like(times, dtype=memory.dtype))
+        return self.embedding(memory[nodes], query_code, keys, neighborhood.mask)
+
+    def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, positive logits, negative logits)`` with one negative destination per positive."""
+        pos = self.predictor(z_src, z_dst)
+        neg = self.predictor(z_src, z_neg)
+        loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
+            F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg))
+        return loss, pos, neg
