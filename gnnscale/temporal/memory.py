@@ -175,19 +175,38 @@ class TemporalMemory(nn.Module):
         several events in the batch keeps the last one's message (``last``) or their mean (``mean``),
         at the time of its last event.
         """
-        state, cfg = self.state, self.config
-        memory = state.memory
+        nodes, times, messages = self.make_messages(src, dst, t, self.state.memory, edge_features)
+        self.deliver(nodes, times, torch.arange(nodes.numel(), device=nodes.device), messages)
+
+    @torch.no_grad()
+    def make_messages(self, src: Tensor, dst: Tensor, t: Tensor, memory: Tensor,
+                      edge_features: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The raw messages of events ``src -> dst`` at ``t``, read from ``memory`` [N, d]:
+        ``(nodes [2B], times float64 [2B], messages [2B, raw_message_dim])``, first every
+        source's message ``[s_src, s_dst, e]``, then every destination's ``[s_dst, s_src, e]``."""
         parts_src = [memory[src], memory[dst]]
         parts_dst = [memory[dst], memory[src]]
-        if cfg.edge_dim:
+        if self.config.edge_dim:
             if edge_features is None:
-                raise ValueError(f"the memory expects {cfg.edge_dim} edge features per event, got none")
+                raise ValueError(f"the memory expects {self.config.edge_dim} edge features per event, got none")
             parts_src.append(edge_features)
             parts_dst.append(edge_features)
         nodes = torch.cat([src, dst])
-        messages = torch.cat([torch.cat(parts_src, 1), torch.cat(parts_dst, 1)])
-        times = torch.cat([t, t]).to(torch.float64)
-        order = torch.argsort(times, stable=True)  # so "last" is the latest event, whichever endpoint
+        messages = torch.cat([torch.cat(parts_src, 1), torch.cat(parts_dst, 1)]).detach()
+        return nodes, torch.cat([t, t]).to(torch.float64), messages
+
+    @torch.no_grad()
+    def deliver(self, nodes: Tensor, times: Tensor, keys: Tensor, messages: Tensor) -> None:
+        """Aggregate one batch's messages per node into its mailbox.
+
+        ``last`` keeps each node's message with the largest ``(time, key)``; ``mean`` averages them.
+        ``keys`` (int64, distinct) order messages of equal time: :meth:`store_messages` passes
+        positions in ``[sources; destinations]``, the sharded memory the same positions in the
+        global batch, so that every owner picks the message a single process would.
+        """
+        state, cfg = self.state, self.config
+        order = torch.argsort(keys)
+        order = order[torch.argsort(times[order], stable=True)]  # by (time, key)
         nodes, messages, times = nodes[order], messages[order], times[order]
         unique, inverse = torch.unique(nodes, return_inverse=True)
         position = torch.arange(nodes.numel(), device=nodes.device)
@@ -199,7 +218,6 @@ class TemporalMemory(nn.Module):
             total = messages.new_zeros(unique.numel(), messages.shape[1]).index_add_(0, inverse, messages)
             count = torch.bincount(inverse, minlength=unique.numel()).clamp(min=1).to(messages.dtype)
             aggregated = total / count.unsqueeze(1)
-        state.mail[unique] = aggregated
+        state.mail[unique] = aggregated.to(state.mail.dtype)
         state.mail_time[unique] = times[last]
         state.has_mail[unique] = True
-

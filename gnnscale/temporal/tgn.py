@@ -122,10 +122,12 @@ class TGN(nn.Module):
         query_code = encoder(torch.zeros_like(times, dtype=memory.dtype))
         return self.embedding(memory[nodes], query_code, keys, neighborhood.mask)
 
-    def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(loss, positive logits, negative logits)`` with one negative destination per positive."""
+    def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor,
+                  reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
+        """``(loss, positive logits, negative logits)`` with one negative destination per positive;
+        ``reduction="sum"`` sums the two cross-entropies over the events instead of averaging."""
         pos = self.predictor(z_src, z_dst)
         neg = self.predictor(z_src, z_neg)
-        loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
-            F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg))
+        loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos), reduction=reduction) + \
+            F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg), reduction=reduction)
         return loss, pos, neg

@@ -1,4 +1,4 @@
-"""Single-process TGN training for temporal link prediction, in the event stream's order.
+"""TGN training for temporal link prediction, in the event stream's order, on one rank or several.
 
 One epoch replays the training events in batches of ``batch_size`` consecutive events
 (chronological order is the point: the memory must see the past before the present).  For each
@@ -6,6 +6,13 @@ batch: apply the pending messages (``memory.updated()``), embed sources, destina
 random negative destination per event from their sampled past neighbours (strictly earlier
 events only), take a gradient step on the link loss, persist the batch's nodes' memory and store
 the batch's events as messages (see :mod:`gnnscale.temporal.memory`).
+
+On several ranks (under torchrun) every rank walks the same global batches: each takes the
+batch's events whose source it owns (:class:`~gnnscale.temporal.sharded.ShardedMemory` holds
+the node memory by owner), the gradients are summed across ranks (the loss is a sum over the
+rank's events divided by the global batch size, so the sum is the single-process mean), and
+every rank draws the same negatives.  With ``staleness=0``, recent-neighbour sampling and no
+dropout, the run is the single-process run up to float rounding (tested).
 
 Evaluation continues the stream from the memory reached at the end of training through the
 validation events (and on through the test events), over all events so far for neighbours, and
@@ -29,8 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.distributed.comm import Exchanger
 from gnnscale.metrics import average_precision, mean_reciprocal_rank
 from gnnscale.temporal.memory import MemoryConfig
+from gnnscale.temporal.sharded import ShardedMemory, StalenessStats
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
 
 log = logging.getLogger("gnnscale.temporal")
@@ -57,6 +66,8 @@ class TemporalTrainConfig:
     seed: int = 0
     """Seeds the model, the negatives and the neighbour sampling."""
     device: str = "cpu"
+    staleness: int = 0
+    """K: the most global steps a read of another rank's node memory may be behind (several ranks)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives"):
@@ -66,6 +77,8 @@ class TemporalTrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.sampling not in ("recent", "uniform"):
             raise ValueError(f"unknown sampling {self.sampling!r}; choose recent or uniform")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0 global steps, got {self.staleness}")
         if self.patience < 0:
             raise ValueError(f"patience must be >= 0, got {self.patience}")
 
@@ -76,17 +89,36 @@ class TemporalLinkTrainer:
     Args:
         events: the whole stream (``gnnscale.data.temporal.TemporalEvents``).
         split: its ``chronological_split``.
+        runtime: the process groups of a multi-rank job (``None``: one process).
+        owner: int64 [num_nodes], the rank owning each node's memory (several ranks; see
+            :func:`~gnnscale.temporal.sharded.partition_interactions`).
+        record: keep every remote read and owned write (tests; :class:`ShardedMemory`).
     """
 
     def __init__(self, events, split, *, memory_config: MemoryConfig, tgn_config: TGNConfig,
-                 config: TemporalTrainConfig) -> None:
+                 config: TemporalTrainConfig, runtime=None, owner: np.ndarray | None = None,
+                 record: bool = False) -> None:
         from samplers.temporal import RandomDestinationSampler, TemporalGraph, TemporalNeighborSampler
 
         self.events, self.split, self.config = events, split, config
-        self.device = torch.device(config.device)
+        self.rank = 0 if runtime is None else runtime.rank
+        self.world_size = 1 if runtime is None else runtime.world_size
+        self.device = torch.device(config.device) if runtime is None else runtime.device
+        if owner is None:
+            if self.world_size > 1:
+                raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
+            owner = np.zeros(events.num_nodes, dtype=np.int64)
         torch.manual_seed(config.seed)
         self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
+        self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
+        self.shard = ShardedMemory(self.model.memory, torch.from_numpy(np.asarray(owner, dtype=np.int64)),
+                                   staleness=config.staleness, record=record,
+                                   exchanger=Exchanger(None if runtime is None else runtime.sample_group,
+                                                       self.rank, self.world_size))
+        # This rank takes the events whose source it owns.
+        self.mine = np.asarray(owner)[events.src] == self.rank
         train = np.flatnonzero(split.train)
         # Training sees only training events as neighbours; evaluation sees every event before each query.
         self.train_graph = TemporalGraph(events.src[train], events.dst[train], events.t[train], events.num_nodes)
@@ -95,6 +127,8 @@ class TemporalLinkTrainer:
         self.full_sampler = TemporalNeighborSampler(self.full_graph, config.num_neighbors, config.sampling)
         self.train_event_ids = train
         self.negatives = RandomDestinationSampler(np.unique(events.dst), seed=config.seed)
+        # Negatives come from the `rng` every rank shares; neighbours ("uniform") from this rank's own.
+        self.sample_rng = np.random.default_rng((config.seed, 0, self.rank))
         self.edge_features = None if events.edge_features is None else \
             torch.from_numpy(events.edge_features).to(self.device)
         # Event ids of the neighbourhoods index the graph's own events: map them to stream positions.
@@ -112,43 +146,83 @@ class TemporalLinkTrainer:
                             event_ids=torch.from_numpy(event_ids).to(self.device),
                             mask=torch.from_numpy(found.mask).to(self.device))
 
+    def local_positions(self, batch: np.ndarray) -> np.ndarray:
+        """Positions in the global ``batch`` of the events this rank computes (all of them on one rank)."""
+        return np.arange(batch.size) if self.world_size == 1 else np.flatnonzero(self.mine[batch])
+
     def embed_batch(self, batch: np.ndarray, sampler, event_map: np.ndarray | None, rng: np.random.Generator,
                     eval_negatives: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-        """Embeddings of a batch's sources, destinations and ``1 + eval_negatives`` negatives per event
-        (``[src; dst; negatives]``), with the memory they were computed from: ``(z, memory, last_update)``.
+        """Embeddings of this rank's share of a global batch: its events' sources, destinations and
+        ``1 + eval_negatives`` negatives per event (``[src; dst; negatives]``), with the memory they
+        were computed from: ``(z, memory, last_update)``.
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
         drawn from events before the batch's first event time, so no event of the batch (not even
         an earlier one inside it) reaches its own embeddings.  Time encodings use each query's own time.
         """
-        src, dst, t = self.src[batch], self.dst[batch], self.t[batch]
         count = batch.size
-        negatives = torch.from_numpy(self.negatives.sample(count * (1 + eval_negatives), rng)).to(self.device)
-        nodes = torch.cat([src, dst, negatives])
+        # Every rank draws the whole batch's negatives from the shared stream, and keeps its own events'.
+        negatives = self.negatives.sample(count * (1 + eval_negatives), rng)
+        positions = self.local_positions(batch)
+        local = torch.from_numpy(batch[positions]).to(self.device)
+        negatives = negatives[(positions[None, :] + count * np.arange(1 + eval_negatives)[:, None]).ravel()]
+        src, dst, t = self.src[local], self.dst[local], self.t[local]
+        nodes = torch.cat([src, dst, torch.from_numpy(negatives).to(self.device)])
         times = torch.cat([t, t, t.repeat(1 + eval_negatives)])
-        cutoff = torch.full_like(times, float(t[0]))
-        neighborhood = self._neighborhood(sampler, nodes, cutoff, rng, event_map)
-        memory, last_update = self.model.memory.updated(torch.cat([nodes, neighborhood.neighbors[neighborhood.mask]]))
+        cutoff = torch.full_like(times, float(self.events.t[batch[0]]))
+        neighborhood = self._neighborhood(sampler, nodes, cutoff, self.sample_rng, event_map)
+        needed = torch.cat([nodes, neighborhood.neighbors[neighborhood.mask]])
+        self.shard.read(needed)
+        memory, last_update = self.model.memory.updated(needed)
         return self.model.embed(memory, nodes, times, neighborhood, self.edge_features), memory, last_update
 
     def _step(self, batch: np.ndarray, sampler, event_map, rng: np.random.Generator, *, train: bool,
               eval_negatives: int = 0) -> dict[str, Tensor]:
+        """One global step: this rank's share of ``batch``; every rank calls it for every batch."""
         model, count = self.model, batch.size
+        positions = self.local_positions(batch)
+        n = positions.size
         z, memory, last_update = self.embed_batch(batch, sampler, event_map, rng, eval_negatives)
-        z_src, z_dst, z_neg = z[:count], z[count:2 * count], z[2 * count:]
-        loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:count])
+        z_src, z_dst, z_neg = z[:n], z[n:2 * n], z[2 * n:]
+        # A sum over this rank's events divided by the global count: summed over ranks, the batch mean.
+        loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
+        loss = loss / count
         if train:
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if n:
+                loss.backward()
+            self._reduce_gradients()
             self.optimizer.step()
-        out = {"loss": loss.detach(), "pos": pos.detach(), "neg": neg.detach()}
+        out = {"loss": loss.detach(), "pos": pos.detach(), "neg": neg.detach(),
+               "positions": torch.from_numpy(positions)}
         if eval_negatives:
-            others = model.predictor(z_src.repeat(eval_negatives, 1), z_neg[count:]).detach()
-            out["mrr_neg"] = others.view(eval_negatives, count).t()
-        src, dst, t = self.src[batch], self.dst[batch], self.t[batch]
-        model.memory.persist(torch.cat([src, dst]), memory, last_update)
-        model.memory.store_messages(src, dst, t, None if self.edge_features is None else self.edge_features[batch])
+            others = model.predictor(z_src.repeat(eval_negatives, 1), z_neg[n:]).detach()
+            out["mrr_neg"] = others.view(eval_negatives, n).t()
+        local = torch.from_numpy(batch[positions]).to(self.device)
+        src, dst, t = self.src[local], self.dst[local], self.t[local]
+        memory = memory.detach()
+        message_nodes, message_times, messages = model.memory.make_messages(
+            src, dst, t, memory, None if self.edge_features is None else self.edge_features[local])
+        keys = torch.from_numpy(np.concatenate([positions, count + positions])).to(self.device)
+        self.shard.write(torch.unique(torch.cat([src, dst])), memory, last_update, message_nodes, message_times,
+                         keys, messages)
+        self.shard.end_step()
         return out
+
+    def _reduce_gradients(self) -> None:
+        """Sum every parameter's gradient over the ranks; a parameter no rank has a gradient for keeps
+        none (Adam skips it, exactly as in one process)."""
+        if self.world_size == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        flat = torch.cat([torch.zeros(p.numel() + 1, device=p.device) if p.grad is None else
+                          torch.cat([p.grad.reshape(-1), torch.ones(1, device=p.device)]) for p in params])
+        self.grad_comm.all_reduce(flat)
+        offset = 0
+        for p in params:
+            size = p.numel()
+            p.grad = flat[offset:offset + size].view_as(p).clone() if float(flat[offset + size]) > 0 else None
+            offset += size + 1
 
     def _batches(self, event_ids: np.ndarray) -> list[np.ndarray]:
         size = self.config.batch_size
@@ -156,26 +230,35 @@ class TemporalLinkTrainer:
 
     # ------------------------------------------------------------------ passes
     def train_epoch(self, epoch: int) -> float:
+        """One pass over the training events from zero memory; the mean global batch loss."""
         self.model.train()
-        self.model.memory.state.reset()
+        self.shard.reset()
         rng = np.random.default_rng((self.config.seed, epoch))
+        self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
         losses = []
         event_map = self.train_event_ids  # the train graph numbers its events 0..len(train)-1
         for batch in self._batches(self.train_event_ids):
             losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True)["loss"])
-        return float(torch.stack(losses).mean())
+        self.shard.refresh()  # every replica current before evaluation reads it
+        return float(self.shard.exchanger.all_reduce(torch.stack(losses).cpu()).mean())
 
     @torch.no_grad()
     def evaluate(self, event_ids: np.ndarray, inductive: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
         """Stream ``event_ids`` (continuing the current memory); metrics overall and on ``inductive`` events."""
         self.model.eval()
-        pos, neg, mrr_neg = [], [], []
+        rows = []
         for batch in self._batches(event_ids):
             out = self._step(batch, self.full_sampler, None, rng, train=False,
                              eval_negatives=self.config.eval_negatives)
-            pos.append(out["pos"]), neg.append(out["neg"]), mrr_neg.append(out["mrr_neg"])
-        pos_all, neg_all, mrr_all = torch.cat(pos), torch.cat(neg), torch.cat(mrr_neg)
-        new = torch.from_numpy(inductive[event_ids]).to(pos_all.device)
+            ids = torch.from_numpy(batch)[out["positions"]].to(torch.float64).unsqueeze(1)
+            rows.append(torch.cat([ids, out["pos"].cpu().double().unsqueeze(1), out["neg"].cpu().double().unsqueeze(1),
+                                   out["mrr_neg"].cpu().double()], 1))
+        self.shard.refresh()
+        # Every rank scored its own events: gather them, in stream order.
+        scored = self.shard.exchanger.all_gather_rows(torch.cat(rows))
+        scored = scored[torch.argsort(scored[:, 0])]
+        pos_all, neg_all, mrr_all = scored[:, 1].float(), scored[:, 2].float(), scored[:, 3:].float()
+        new = torch.from_numpy(inductive[scored[:, 0].long().numpy()])
         result = {}
         for suffix, keep in (("", torch.ones_like(new)), ("_inductive", new)):
             p, n = pos_all[keep], neg_all[keep]
@@ -186,6 +269,17 @@ class TemporalLinkTrainer:
             result[f"events{suffix}"] = int(keep.sum())
         return result
 
+    def _staleness(self) -> dict[str, float]:
+        """Every rank's read counters since the last call, combined (a collective)."""
+        stats = self.shard.take_stats()
+        comm = self.shard.exchanger  # gloo: CPU tensors on any device
+        total = comm.all_reduce(stats.to_tensor())
+        top = comm.all_reduce(torch.tensor([stats.staleness_max]), op=torch.distributed.ReduceOp.MAX) \
+            if self.world_size > 1 else torch.tensor([stats.staleness_max])
+        combined = StalenessStats(reads=int(total[0]), remote_reads=int(total[1]), stale_reads=int(total[2]),
+                                  staleness_sum=int(total[3]), staleness_max=int(top[0]))
+        return combined.as_dict()
+
     def fit(self) -> dict:
         """Train with early stopping on validation AP; returns the metrics of the best epoch."""
         cfg, split = self.config, self.split
@@ -193,19 +287,30 @@ class TemporalLinkTrainer:
         inductive = split.val_new_node | split.test_new_node
         best: dict = {"val_ap": -1.0}
         history, since_best, started = [], 0, time.perf_counter()
+        overall = {"staleness_max": 0, "staleness_sum": 0.0, "remote_reads": 0}
         for epoch in range(1, cfg.epochs + 1):
             start = time.perf_counter()
             loss = self.train_epoch(epoch)
             train_seconds = time.perf_counter() - start
             after_training = self.model.memory.state.state_dict()
             rng = np.random.default_rng((cfg.seed, epoch, 1))
+            self.sample_rng = np.random.default_rng((cfg.seed, epoch, 2, self.rank))
             val = self.evaluate(val_ids, inductive, rng)
             test = self.evaluate(test_ids, inductive, rng)
+            staleness = self._staleness()
+            overall["staleness_max"] = max(overall["staleness_max"], staleness["staleness_max"])
+            overall["staleness_sum"] += staleness["staleness_mean"] * staleness["remote_reads"]
+            overall["remote_reads"] += staleness["remote_reads"]
             record = {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
-                      **{f"val_{k}": v for k, v in val.items()}, **{f"test_{k}": v for k, v in test.items()}}
+                      "train_events_per_second": self.train_event_ids.size / train_seconds,
+                      **{f"val_{k}": v for k, v in val.items()}, **{f"test_{k}": v for k, v in test.items()},
+                      **staleness}
             history.append(record)
-            log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)  test AP %.4f (inductive %.4f)",
-                     epoch, loss, train_seconds, val["ap"], val["ap_inductive"], test["ap"], test["ap_inductive"])
+            log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)  test AP %.4f (inductive %.4f)%s",
+                     epoch, loss, train_seconds, val["ap"], val["ap_inductive"], test["ap"], test["ap_inductive"],
+                     "" if self.world_size == 1 else
+                     f"  staleness max {staleness['staleness_max']} mean {staleness['staleness_mean']:.3f} "
+                     f"(K={cfg.staleness}, {staleness['remote_read_fraction']:.0%} of reads remote)")
             if val["ap"] > best["val_ap"]:
                 best = dict(record, state=copy.deepcopy(self.model.state_dict()), memory=after_training)
                 since_best = 0
@@ -217,5 +322,6 @@ class TemporalLinkTrainer:
         self.model.load_state_dict(best.pop("state"))
         self.model.memory.state.load_state_dict(best.pop("memory"))
         best.update(best_epoch=best["epoch"], epochs_run=len(history), seconds=time.perf_counter() - started,
-                    history=history)
+                    history=history, staleness_max_run=overall["staleness_max"],
+                    staleness_mean_run=overall["staleness_sum"] / max(overall["remote_reads"], 1))
         return best

@@ -1,0 +1,316 @@
+"""Node memory sharded by owner across ranks, with replicas that are never more than K steps behind.
+
+Every node has one *owner* rank (a METIS partition of the interaction graph,
+:func:`partition_interactions`).  The owner's rows of the :class:`~gnnscale.temporal.memory.MemoryState`
+(memory, last update, mailbox) are the truth; every other rank reads that node from a local
+*replica* row.  One global step (one global batch, split across ranks) goes::
+
+    versions = shard.read(needed)       # every row the step reads; remote reads are logged
+    memory, last_update = tm.updated(needed)
+    ... embeddings, loss, gradients all-reduced, optimizer step ...
+    shard.write(nodes, memory, last_update, message_nodes, times, keys, messages)
+                                        # persisted rows and raw messages go to their owners,
+                                        # which apply them at once (all-to-all)
+    shard.end_step()                    # every K + 1 steps: owners send their changed rows
+                                        # to every replica (all-gather)
+
+so owners always hold their nodes' latest state, and a replica is refreshed at least every
+``K + 1`` steps.  With ``K = 0`` the replicas are refreshed after every step and every read sees
+exactly what a single process would (the owners aggregate a node's messages in the global
+batch's order, see :meth:`TemporalMemory.deliver`).
+
+**Versions and staleness.**  Every row carries its *version*: the global step of the owner's
+write it reflects (-1: not written since the last reset).  A read of a remote node at step
+``s`` *misses* the owner's writes to that node at steps after the read's version and before
+``s``; its staleness is ``s - m`` for the earliest missed write ``m`` (how many steps old the
+oldest write it could not see is), 0 when it missed nothing.  Replicas are refreshed through
+step ``s - 1 - j`` with ``j <= K``, so a missed write is at least step ``s - K``: staleness
+never exceeds K.  Owners send their write log (node, step) with every refresh, and each rank
+scores the remote reads it made since the previous refresh against it: the maximum and mean
+are measured, not assumed (:class:`StalenessStats`).
+
+Memory cost: the replica is a dense table (every rank can read any node: the negative
+destinations of a batch are drawn from all destinations), so each rank holds ``N`` rows; what
+is sharded is ownership, writes and the traffic, which is only the rows that changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnscale.distributed.comm import Exchanger
+from gnnscale.temporal.memory import TemporalMemory
+
+log = logging.getLogger("gnnscale.temporal")
+
+NEVER = torch.iinfo(torch.int64).max
+
+
+@dataclass
+class StalenessStats:
+    """Reads of one pass (or run) and how stale the remote ones were, in global steps."""
+
+    reads: int = 0
+    """Rows read (each step's distinct needed nodes)."""
+    remote_reads: int = 0
+    """Of those, rows owned by another rank (read from the replica)."""
+    stale_reads: int = 0
+    """Remote reads that missed at least one write of the owner."""
+    staleness_sum: int = 0
+    staleness_max: int = 0
+
+    def add(self, other: "StalenessStats") -> None:
+        self.reads += other.reads
+        self.remote_reads += other.remote_reads
+        self.stale_reads += other.stale_reads
+        self.staleness_sum += other.staleness_sum
+        self.staleness_max = max(self.staleness_max, other.staleness_max)
+
+    def as_dict(self) -> dict[str, float]:
+        remote = max(self.remote_reads, 1)
+        return {"staleness_max": self.staleness_max, "staleness_mean": self.staleness_sum / remote,
+                "stale_read_fraction": self.stale_reads / remote,
+                "remote_read_fraction": self.remote_reads / max(self.reads, 1),
+                "reads": self.reads, "remote_reads": self.remote_reads}
+
+    def to_tensor(self) -> Tensor:
+        return torch.tensor([self.reads, self.remote_reads, self.stale_reads, self.staleness_sum], dtype=torch.int64)
+
+
+@dataclass
+class ReadWriteLog:
+    """Every remote read ``(node, step, version)`` and owned write ``(node, step)`` of this rank, for tests."""
+
+    reads: list[Tensor] = field(default_factory=list)
+    writes: list[Tensor] = field(default_factory=list)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        reads = torch.cat(self.reads).numpy() if self.reads else np.empty((0, 3), np.int64)
+        writes = torch.cat(self.writes).numpy() if self.writes else np.empty((0, 2), np.int64)
+        return reads, writes
+
+
+class ShardedMemory:
+    """Ownership, replicas and versions around one rank's :class:`TemporalMemory`.
+
+    In a world of one (``exchanger.group is None``) every node is owned, nothing is sent and
+    every read is exact: the single-process path is this class with nothing to do.
+
+    Args:
+        memory: this rank's memory module; its state holds owned rows and replica rows.
+        owner: int64 [N], the rank owning each node.
+        staleness: K >= 0, the most global steps a replica read may be behind its owner.
+        exchanger: collectives over the training group (every rank calls in the same order).
+        record: keep every remote read and owned write in :attr:`log` (tests check the bound
+            against it independently of the counters).
+    """
+
+    def __init__(self, memory: TemporalMemory, owner: Tensor, *, staleness: int, exchanger: Exchanger,
+                 record: bool = False) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0 global steps, got {staleness}")
+        n = memory.state.num_nodes
+        if owner.shape != (n,):
+            raise ValueError(f"owner has shape {tuple(owner.shape)}, expected ({n},): one rank per node")
+        if n and (int(owner.min()) < 0 or int(owner.max()) >= exchanger.world_size):
+            raise ValueError(f"owner ranks must be in [0, {exchanger.world_size}), got "
+                             f"[{int(owner.min())}, {int(owner.max())}]")
+        self.memory, self.staleness, self.exchanger = memory, staleness, exchanger
+        self.rank, self.world_size = exchanger.rank, exchanger.world_size
+        self.owner = owner.to(torch.int64).cpu()
+        self.owned = self.owner == self.rank
+        self.version = torch.full((n,), -1, dtype=torch.int64)
+        self.stats = StalenessStats()
+        self.log = ReadWriteLog() if record else None
+        self.step = 0
+        self._dirty = torch.zeros(n, dtype=torch.bool)
+        self._writes: list[Tensor] = []
+        self._reads: list[tuple[Tensor, int]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self) -> None:
+        """Forget every node's memory (the start of each epoch over the stream); counters are kept."""
+        self.memory.state.reset()
+        self.version.fill_(-1)
+        self._dirty.zero_()
+        self._writes.clear()
+        self._reads.clear()
+
+    def take_stats(self) -> StalenessStats:
+        """This rank's counters since the last call, and start new ones."""
+        stats, self.stats = self.stats, StalenessStats()
+        return stats
+
+    # ------------------------------------------------------------------ one step
+    def read(self, nodes: Tensor) -> Tensor:
+        """Version (int64) of each of the distinct ``nodes`` a step is about to read; logs the remote ones."""
+        nodes = torch.unique(nodes.cpu())
+        remote = nodes[~self.owned[nodes]]
+        self.stats.reads += nodes.numel()
+        self.stats.remote_reads += remote.numel()
+        if remote.numel():
+            self._reads.append((remote, self.step))
+            if self.log is not None:
+                self.log.reads.append(torch.stack([remote, torch.full_like(remote, self.step),
+                                                   self.version[remote]], 1))
+        return self.version[nodes]
+
+    @torch.no_grad()
+    def write(self, nodes: Tensor, memory: Tensor, last_update: Tensor, message_nodes: Tensor,
+              message_times: Tensor, message_keys: Tensor, messages: Tensor) -> None:
+        """Send this step's writes to their owners, which apply them before returning.
+
+        Args:
+            nodes: the distinct nodes whose updated rows are persisted (the local events' endpoints).
+            memory: float [N, d] updated memory (from ``updated()``), read at ``nodes``.
+            last_update: float64 [N] likewise.
+            message_nodes, message_times, message_keys, messages: this rank's raw messages
+                (:meth:`TemporalMemory.make_messages`), keyed by position in the global batch.
+        """
+        state = self.memory.state
+        device = state.memory.device
+        nodes = nodes.to(device)
+        rows = torch.cat([nodes.unsqueeze(1).to(torch.float64), last_update[nodes].unsqueeze(1),
+                          memory[nodes].to(torch.float64)], 1).cpu()
+        mail = torch.cat([message_nodes.unsqueeze(1).to(torch.float64), message_times.unsqueeze(1).to(torch.float64),
+                          message_keys.unsqueeze(1).to(torch.float64), messages.to(torch.float64)], 1).cpu()
+        rows = torch.cat(self._to_owners(rows))
+        mail = torch.cat(self._to_owners(mail))
+        persisted = rows[:, 0].to(torch.int64)
+        if persisted.numel():
+            # A node several ranks persisted got the same row from each when K = 0; take the
+            # last rank's, so the choice does not depend on timing when K > 0 either.
+            unique, last = _last_occurrence(persisted)
+            target = unique.to(device)
+            state.memory[target] = rows[last, 2:].to(state.memory.dtype).to(device)
+            state.last_update[target] = rows[last, 1].to(device)
+            state.has_mail[target] = False
+        mailed = mail[:, 0].to(torch.int64)
+        if mailed.numel():
+            self.memory.deliver(mailed.to(device), mail[:, 1].to(device), mail[:, 2].to(torch.int64).to(device),
+                                mail[:, 3:].to(state.mail.dtype).to(device))
+        written = torch.unique(torch.cat([persisted, mailed]))
+        if written.numel():
+            self.version[written] = self.step
+            if self.world_size > 1:
+                self._dirty[written] = True
+                self._writes.append(torch.stack([written, torch.full_like(written, self.step)], 1))
+            if self.log is not None:
+                self.log.writes.append(torch.stack([written, torch.full_like(written, self.step)], 1))
+
+    def end_step(self) -> None:
+        """Close global step ``self.step``; refresh the replicas when K + 1 steps have passed since the last time."""
+        self.step += 1
+        if self.step % (self.staleness + 1) == 0:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Owners send every row changed since the last refresh to every rank (a collective), and each
+        rank scores the remote reads it made since then against the owners' write logs."""
+        if self.world_size == 1:
+            return
+        state = self.memory.state
+        rows = torch.nonzero(self._dirty).squeeze(1)
+        device_rows = rows.to(state.memory.device)
+        payload = torch.cat([rows.unsqueeze(1).to(torch.float64), self.version[rows].unsqueeze(1).to(torch.float64),
+                             state.last_update[device_rows].unsqueeze(1).cpu(),
+                             state.mail_time[device_rows].unsqueeze(1).cpu(),
+                             state.has_mail[device_rows].unsqueeze(1).to(torch.float64).cpu(),
+                             state.memory[device_rows].to(torch.float64).cpu(),
+                             state.mail[device_rows].to(torch.float64).cpu()], 1)
+        writes = torch.cat(self._writes) if self._writes else torch.empty((0, 2), dtype=torch.int64)
+        payload = self.exchanger.all_gather_rows(payload)
+        writes = self.exchanger.all_gather_rows(writes)
+        nodes = payload[:, 0].to(torch.int64)
+        keep = ~self.owned[nodes]
+        payload, nodes = payload[keep], nodes[keep]
+        if nodes.numel():
+            d = state.memory.shape[1]
+            target = nodes.to(state.memory.device)
+            self.version[nodes] = payload[:, 1].to(torch.int64)
+            state.last_update[target] = payload[:, 2].to(state.memory.device)
+            state.mail_time[target] = payload[:, 3].to(state.memory.device)
+            state.has_mail[target] = payload[:, 4].to(state.memory.device) > 0.5
+            state.memory[target] = payload[:, 5:5 + d].to(state.memory.dtype).to(state.memory.device)
+            state.mail[target] = payload[:, 5 + d:].to(state.mail.dtype).to(state.memory.device)
+        self._score_reads(writes)
+        self._dirty.zero_()
+        self._writes.clear()
+
+    def _score_reads(self, writes: Tensor) -> None:
+        """Staleness of the remote reads since the last refresh, from the owners' writes in that window."""
+        if not self._reads:
+            return
+        first = torch.full((self.owner.numel(),), NEVER, dtype=torch.int64)
+        if writes.numel():
+            first.scatter_reduce_(0, writes[:, 0], writes[:, 1], reduce="amin")
+        stats = self.stats
+        for remote, step in self._reads:
+            earliest = first[remote]
+            missed = earliest < step
+            if missed.any():
+                ages = step - earliest[missed]
+                stats.stale_reads += int(missed.sum())
+                stats.staleness_sum += int(ages.sum())
+                stats.staleness_max = max(stats.staleness_max, int(ages.max()))
+        self._reads.clear()
+
+    def _to_owners(self, rows: Tensor) -> list[Tensor]:
+        """Route float64 rows whose first column is a node id to that node's owner; what arrives here."""
+        if self.world_size == 1:
+            return [rows]
+        owner = self.owner[rows[:, 0].to(torch.int64)]
+        order = torch.sort(owner, stable=True).indices
+        sizes = torch.bincount(owner, minlength=self.world_size).tolist()
+        return self.exchanger.exchange(list(rows[order].split(sizes)))
+
+
+def _last_occurrence(values: Tensor) -> tuple[Tensor, Tensor]:
+    """Distinct ``values`` and the position of each one's last occurrence."""
+    unique, inverse = torch.unique(values, return_inverse=True)
+    last = torch.full((unique.numel(),), -1, dtype=torch.int64)
+    last.scatter_reduce_(0, inverse, torch.arange(values.numel()), reduce="amax")
+    return unique, last
+
+
+def partition_interactions(src: np.ndarray, dst: np.ndarray, num_nodes: int, num_parts: int, *,
+                           method: str = "metis", seed: int = 0) -> np.ndarray:
+    """Owner rank of every node: ``partition``'s METIS (or random) assignment of the undirected graph
+    of the given interactions, balanced on nodes and on interactions.
+
+    Returns:
+        int64 [num_nodes] with values in ``[0, num_parts)``.
+    """
+    from gnnscale.data.dataset import GraphDataset, csc_from_edges
+    from partition.assign import assign_parts
+    from partition.config import PartitionConfig
+
+    config = PartitionConfig(num_parts=num_parts, method=method, balance=("nodes", "edges"), seed=seed)
+    if num_parts == 1 or method == "random":
+        return assign_parts(_placeholder(num_nodes), config)[0]
+    a, b = np.minimum(src, dst), np.maximum(src, dst)
+    pairs = np.unique(np.stack([a, b], 1)[a != b], axis=0)
+    both_ways_src = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    both_ways_dst = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    indptr, indices = csc_from_edges(both_ways_src, both_ways_dst, num_nodes)
+    graph = GraphDataset(name="interactions", indptr=indptr, indices=indices,
+                         features=np.zeros((num_nodes, 1), np.float32), labels=np.zeros(num_nodes, np.int64),
+                         train_masks=np.ones((1, num_nodes), bool), val_masks=np.zeros((1, num_nodes), bool),
+                         test_masks=np.zeros((1, num_nodes), bool), num_classes=1)
+    parts, _ = assign_parts(graph, config)
+    return parts
+
+
+def _placeholder(num_nodes: int):
+    """An edgeless graph of ``num_nodes`` nodes (the random assignment reads only its size)."""
+    from gnnscale.data.dataset import GraphDataset
+
+    return GraphDataset(name="interactions", indptr=np.zeros(num_nodes + 1, np.int64), indices=np.zeros(0, np.int64),
+                        features=np.zeros((num_nodes, 1), np.float32), labels=np.zeros(num_nodes, np.int64),
+                        train_masks=np.ones((1, num_nodes), bool), val_masks=np.zeros((1, num_nodes), bool),
+                        test_masks=np.zeros((1, num_nodes), bool), num_classes=1)
