@@ -131,3 +131,41 @@ def test_owners_are_a_metis_partition_of_the_interaction_graph():
     cut = np.mean(owner[events.src] != owner[events.dst])
     random = partition_interactions(events.src, events.dst, events.num_nodes, 2, method="random")
     assert cut < np.mean(random[events.src] != random[events.dst])
+
+
+def test_bench_and_command_line_on_two_ranks(tmp_path):
+    """``scripts/bench_temporal_staleness.py`` runs ``train_temporal.py`` under torchrun on 2 ranks for real."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    events = stream(num_events=800, num_nodes=60)
+    np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_staleness.py"), "--dataset", "npz",
+                           "--data-dir", str(tmp_path / "events.npz"), "--ks", "2", "--epochs", "1",
+                           "--batch-size", "50", "--skip-single", "--workdir", str(tmp_path / "work"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "| 2 ranks | 2 |" in done.stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["world_size"] == 2 and run["staleness"] == 2
+    assert 0 <= run["staleness_max"] <= 2 and run["staleness_mean"] <= run["staleness_max"]
+    assert 0.0 < run["remote_read_fraction"] < 1.0 and run["train_events_per_second"] > 0
+    assert 0.0 <= run["test_ap"] <= 1.0
+    metrics = json.loads((tmp_path / "work" / "k2-2r" / "metrics.json").read_text())
+    assert metrics["history"][0]["staleness_max"] == run["staleness_max"]
+
+
+def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
+    from gnnscale.temporal.cli import main
+
+    events = stream(num_events=200, num_nodes=30)
+    np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
+    assert main(["--dataset", "npz", "--data-dir", str(tmp_path / "events.npz"), "--staleness", "-1",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --staleness must be >= 0 global steps, got -1"]
+    assert not (tmp_path / "run").exists()

@@ -1,9 +1,15 @@
-"""Command line of ``scripts/train_temporal.py``: TGN temporal link prediction on an event stream."""
+"""Command line of ``scripts/train_temporal.py``: TGN temporal link prediction on an event stream.
+
+``python scripts/train_temporal.py ...`` trains in one process; ``torchrun --nproc_per_node=N
+scripts/train_temporal.py ... --staleness K`` trains on N ranks with the node memory sharded by
+owner (a METIS partition of the training interactions) and replicas at most K steps behind.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,7 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "better validation AP; 0 = off")
     train.add_argument("--eval-negatives", type=int, default=10, help="negative destinations per event for MRR")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", default="cpu")
+    train.add_argument("--device", default="cpu", help="cpu or cuda (several ranks: cuda:<local rank>)")
+    dist = parser.add_argument_group("several ranks (under torchrun)")
+    dist.add_argument("--staleness", type=int, default=0, metavar="K", help="the most global steps a read of "
+                      "another rank's node memory may be behind its owner; 0 = synchronous, the single-process "
+                      "semantics")
+    dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
+                      "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
+    dist.add_argument("--failure-timeout", type=float, default=120.0, help="seconds before a silent peer rank "
+                      "fails the job, naming it")
     parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json "
                         "(default: runs/<dataset>-tgn-seed<seed>)")
     parser.add_argument("--quiet", action="store_true", help="log only warnings and the final result")
@@ -56,12 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     from gnnscale.data.temporal import chronological_split, load_temporal
-    from gnnscale.temporal import MemoryConfig, TGNConfig
-    from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
-    from gnnscale.train.cli import write_json_atomic
+    from gnnscale.distributed.env import read_env
 
     if not 0.0 <= args.new_node_fraction < 1.0:
         raise ValueError(f"--new-node-fraction must be in [0, 1), got {args.new_node_fraction}")
+    if args.staleness < 0:
+        raise ValueError(f"--staleness must be >= 0 global steps, got {args.staleness}")
+    if args.failure_timeout <= 0:
+        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
+    env = read_env()
+    if env.rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
     path = args.data_dir
     if path is None:
         if args.dataset not in ("wikipedia", "collegemsg"):
@@ -75,34 +94,104 @@ def run(args: argparse.Namespace) -> dict:
     log.info("loaded %s: %d nodes, %d events, %d edge features in %.1fs; train/val/test events %d/%d/%d, "
              "%d new nodes held out", events.name, events.num_nodes, events.num_events, events.num_edge_features,
              time.perf_counter() - start, split.train.sum(), split.val.sum(), split.test.sum(), len(split.new_nodes))
+    if not env.is_distributed:
+        if args.staleness:
+            log.info("one process: every read is exact, --staleness %d has nothing to bound", args.staleness)
+        best = _train(args, events, split, runtime=None, owner=None)
+    else:
+        best = _train_distributed(args, events, split, env)
+    out = args.out if args.out is not None else Path("runs") / (
+        f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-k{args.staleness}" if env.is_distributed else ""))
+    metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
+               **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
+               "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
+               "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
+               "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
+               "remote_read_fraction": best["remote_read_fraction"],
+               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "history": best["history"]}
+    if env.is_main:
+        from gnnscale.train.cli import write_json_atomic
+
+        write_json_atomic(out / "metrics.json", metrics)
+        ranks = "" if not env.is_distributed else (
+            f" on {env.world_size} ranks (K={args.staleness}: staleness max {metrics['staleness_max']}, "
+            f"mean {metrics['staleness_mean']:.3f})")
+        print(f"{events.name} tgn{ranks}: test AP {metrics['test_ap']:.4f} (inductive "
+              f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f};"
+              f" best epoch {best['best_epoch']}/{best['epochs_run']} -> {out / 'metrics.json'}", flush=True)
+    return metrics
+
+
+def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
+    from gnnscale.temporal import MemoryConfig, TGNConfig
+    from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
+
     config = TemporalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                  num_neighbors=args.num_neighbors, sampling=args.sampling,
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
-                                 device=args.device)
+                                 device=args.device, staleness=args.staleness)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)
-    trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config)
-    best = trainer.fit()
-    out = args.out if args.out is not None else Path("runs") / f"{events.name}-tgn-seed{args.seed}"
-    metrics = {"dataset": events.name, "model": "tgn", "world_size": 1,
-               **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
-               "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
-               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "history": best["history"]}
-    write_json_atomic(out / "metrics.json", metrics)
-    print(f"{events.name} tgn: test AP {metrics['test_ap']:.4f} (inductive {metrics['test_ap_inductive']:.4f}), "
-          f"test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f}; best epoch "
-          f"{best['best_epoch']}/{best['epochs_run']} -> {out / 'metrics.json'}", flush=True)
-    return metrics
+    trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config,
+                                  runtime=runtime, owner=owner)
+    return trainer.fit()
+
+
+def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
+    """Join the job, assign node memory to ranks (rank 0 partitions, everyone receives it), train."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from gnnscale.distributed.env import init_runtime
+    from gnnscale.distributed.watchdog import Watchdog
+    from gnnscale.temporal.sharded import partition_interactions
+
+    runtime = init_runtime(env, args.device, timeout=args.failure_timeout)
+    watchdog, finished = None, False
+    try:
+        owner_of = "the torchrun agent of the first node" if env.agent_store else "rank 0"
+        watchdog = Watchdog.connect(env.master_addr, env.master_port, rank=env.rank, world_size=env.world_size,
+                                    prefix=f"gnnscale/{env.restart_count}/watchdog/", timeout=args.failure_timeout,
+                                    store_owner=owner_of).start()
+        with watchdog.guard():
+            owner = torch.zeros(events.num_nodes, dtype=torch.int64)
+            if env.rank == 0:
+                start = time.perf_counter()
+                train = split.train
+                owner = torch.from_numpy(partition_interactions(
+                    events.src[train], events.dst[train], events.num_nodes, env.world_size,
+                    method=args.partition_method, seed=args.seed))
+                ranks = owner.numpy()[events.src[train]]
+                cut = float(np.mean(ranks != owner.numpy()[events.dst[train]]))
+                log.info("node memory: %s partition of the training interactions in %.1fs; nodes per rank %s, "
+                         "training events per rank %s, %.1f%% of events cross ranks", args.partition_method,
+                         time.perf_counter() - start, np.bincount(owner.numpy(), minlength=env.world_size).tolist(),
+                         np.bincount(ranks, minlength=env.world_size).tolist(), 100 * cut)
+            dist.broadcast(owner, src=0, group=runtime.sample_group)
+            best = _train(args, events, split, runtime=runtime, owner=owner.numpy())
+            runtime.barrier()
+        finished = True
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        runtime.close(timeout=30.0 if finished else 0.0)
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+
     try:
         run(args)
+    except PeerFailure as exc:  # another rank died or hung: name it
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PEER_FAILURE
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,118 @@
+"""TGN with node memory sharded over 2 ranks: accuracy, throughput and observed staleness for each bound K.
+
+    python scripts/bench_temporal_staleness.py                       # Wikipedia, K = 0,1,2,4,8, 3 epochs
+    python scripts/bench_temporal_staleness.py --dataset collegemsg --epochs 1 --ks 0,4   # a quick look
+
+For every K the same command runs under ``torchrun --standalone --nproc_per_node=RANKS``
+(``scripts/train_temporal.py --staleness K``, METIS owners, ``--patience 0``), plus one
+single-process run of the same recipe as the reference.  Every process runs with
+``OMP_NUM_THREADS=1``.  Figures come from each run's ``metrics.json``: test AP (transductive and
+inductive) of the best epoch, training throughput (events per second, the median over epochs),
+and the maximum and mean staleness of the remote reads, in global steps, as measured by the
+ranks (:mod:`gnnscale.temporal.sharded`).  Writes ``runs/bench_temporal_staleness.json`` and
+prints one Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--dataset", default="wikipedia", choices=("wikipedia", "collegemsg", "csv", "snap", "npz"))
+    parser.add_argument("--data-dir", type=Path, default=None, help="passed on to train_temporal.py")
+    parser.add_argument("--ks", default="0,1,2,4,8", help="staleness bounds to run, comma-separated")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=200, help="global batch (events per step, all ranks)")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-single", action="store_true", help="no single-process reference run")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed for each run")
+    parser.add_argument("--workdir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_temporal_staleness.json")
+    return parser
+
+
+def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int) -> dict:
+    """One training run; its metrics.json (plus wall time)."""
+    name = f"k{k}-{ranks}r" if ranks > 1 else "single"
+    out = workdir / name
+    train = [str(ROOT / "scripts" / "train_temporal.py"), "--dataset", args.dataset, "--no-edge-features",
+             "--epochs", str(args.epochs), "--patience", "0", "--batch-size", str(args.batch_size),
+             "--lr", str(args.lr), "--seed", str(args.seed), "--staleness", str(k), "--out", str(out)]
+    if args.data_dir is not None:
+        train += ["--data-dir", str(args.data_dir)]
+    if ranks > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *train]
+    else:
+        cmd = [sys.executable, *train]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    print(f"[bench] {name}: {' '.join(cmd[1:])}", flush=True)
+    start = time.perf_counter()
+    with open(workdir / f"{name}.log", "w") as log:
+        done = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+    if done.returncode != 0:
+        tail = (workdir / f"{name}.log").read_text().splitlines()[-15:]
+        raise SystemExit(f"error: run {name} failed with exit code {done.returncode}:\n" + "\n".join(tail))
+    metrics = json.loads((out / "metrics.json").read_text())
+    metrics["wall_seconds"] = time.perf_counter() - start
+    print(f"[bench] {name}: test AP {metrics['test_ap']:.4f}, {metrics['train_events_per_second']:.0f} events/s, "
+          f"staleness max {metrics['staleness_max']} mean {metrics['staleness_mean']:.3f}", flush=True)
+    return metrics
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| run | K | test AP | inductive AP | test MRR | train events/s | staleness max | staleness mean "
+             "| stale share of remote reads | remote share of reads |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        run = "1 process" if row["world_size"] == 1 else f"{row['world_size']} ranks"
+        last = row["history"][-1]
+        remote = f"{row['remote_read_fraction']:.1%}" if row["world_size"] > 1 else "-"
+        stale = f"{last['stale_read_fraction']:.1%}" if row["world_size"] > 1 else "-"
+        lines.append(f"| {run} | {row['staleness'] if row['world_size'] > 1 else '-'} | {row['test_ap']:.4f} "
+                     f"| {row['test_ap_inductive']:.4f} | {row['test_mrr']:.4f} | {row['train_events_per_second']:.0f} "
+                     f"| {row['staleness_max']} | {row['staleness_mean']:.3f} | {stale} | {remote} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    except ValueError:
+        print(f"error: --ks must be comma-separated integers, got {args.ks!r}", file=sys.stderr)
+        return 2
+    if not ks or min(ks) < 0 or args.ranks < 2 or args.epochs < 1:
+        print("error: --ks needs integers >= 0, --ranks >= 2 and --epochs >= 1", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="gnnscale-bench-temporal-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        rows = [] if args.skip_single else [run_one(args, workdir, 1, 0)]
+        rows += [run_one(args, workdir, args.ranks, k) for k in ks]
+    result = {"dataset": args.dataset, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+              "ranks": args.ranks, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "runs": [{k: v for k, v in row.items() if k != "args"} for row in rows]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(table(rows))
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
