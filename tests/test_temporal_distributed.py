@@ -61,8 +61,9 @@ def ranks_job(rank: int, method: str) -> dict:
             results[k] = {"memory": trainer.model.memory.state.memory.numpy().copy(),
                           "owned": trainer.shard.owned.numpy().copy(),
                           "test_ap": metrics["test_ap"], "val_ap": metrics["val_ap"],
-                          "staleness_max": metrics["staleness_max"], "staleness_mean": metrics["staleness_mean"],
-                          "remote_reads": metrics["remote_reads"], "reads": reads, "writes": writes,
+                          "staleness_max": metrics["staleness_max_run"],
+                          "staleness_mean": metrics["staleness_mean_run"],
+                          "remote_reads": metrics["remote_reads_run"], "reads": reads, "writes": writes,
                           "loss": metrics["loss"]}
         runtime.barrier()
     finally:
@@ -118,7 +119,7 @@ def test_no_read_is_more_than_k_steps_behind_its_owner(two_ranks, k):
     assert ages.max() <= k
     if k > 0:
         assert ages.max() == k  # replicas do lag, by up to the bound: the check above can fail
-    # The trainer's counters are the same numbers (of the last epoch: the only one).
+    # The trainer's counters (over the whole run) are the same numbers.
     assert two_ranks[0][k]["staleness_max"] == ages.max()
     assert two_ranks[0][k]["staleness_mean"] == pytest.approx(ages.mean())
 
@@ -156,7 +157,7 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
     assert 0.0 < run["remote_read_fraction"] < 1.0 and run["train_events_per_second"] > 0
     assert 0.0 <= run["test_ap"] <= 1.0
     metrics = json.loads((tmp_path / "work" / "k2-2r" / "metrics.json").read_text())
-    assert metrics["history"][0]["staleness_max"] == run["staleness_max"]
+    assert metrics["history"][0]["staleness_max"] <= run["staleness_max"]
 
 
 def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):

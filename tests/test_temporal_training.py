@@ -120,3 +120,13 @@ def test_train_config_errors():
         TemporalTrainConfig(sampling="latest")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         TemporalTrainConfig(batch_size=0)
+
+
+def test_final_pass_repeats_the_best_epochs_validation():
+    """fit() restores the best epoch and streams validation again (with MRR): the same AP early stopping saw."""
+    trainer = trainer_for(stream(num_events=900, num_nodes=50))
+    trainer.config.epochs, trainer.config.patience = 3, 0
+    best = trainer.fit()
+    epoch = next(r for r in best["history"] if r["epoch"] == best["best_epoch"])
+    assert best["val_ap"] == epoch["val_ap"] and best["val_ap"] == max(r["val_ap"] for r in best["history"])
+    assert "val_mrr" in best and "test_mrr" in best and "val_mrr" not in epoch
