@@ -83,14 +83,15 @@ class MemoryState:
     def __init__(self, num_nodes: int, config: MemoryConfig, device: torch.device | str = "cpu") -> None:
         self.num_nodes, self.config = num_nodes, config
         self.device = torch.device(device)
+        self.dtype = torch.float32
         self.reset()
 
     def reset(self) -> None:
         """Forget everything: zero memory, times and mail (start of every epoch over the stream)."""
         n, cfg, device = self.num_nodes, self.config, self.device
-        self.memory = torch.zeros(n, cfg.memory_dim, device=device)
+        self.memory = torch.zeros(n, cfg.memory_dim, dtype=self.dtype, device=device)
         self.last_update = torch.zeros(n, dtype=torch.float64, device=device)
-        self.mail = torch.zeros(n, cfg.raw_message_dim, device=device)
+        self.mail = torch.zeros(n, cfg.raw_message_dim, dtype=self.dtype, device=device)
         self.mail_time = torch.zeros(n, dtype=torch.float64, device=device)
         self.has_mail = torch.zeros(n, dtype=torch.bool, device=device)
 
@@ -108,10 +109,15 @@ class MemoryState:
                                  f"expected {tuple(current.shape)} and {current.dtype} (a different graph or config?)")
             setattr(self, name, value.to(self.device).clone())
 
-    def to(self, device: torch.device | str) -> "MemoryState":
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "MemoryState":
+        """Move every tensor to ``device``; ``dtype`` also casts the float ones (memory, mail)."""
         self.device = torch.device(device)
+        self.dtype = self.dtype if dtype is None else dtype
         for name in self._FIELDS:
-            setattr(self, name, getattr(self, name).to(self.device))
+            value = getattr(self, name).to(self.device)
+            if dtype is not None and name in ("memory", "mail"):
+                value = value.to(dtype)
+            setattr(self, name, value)
         return self
 
 
@@ -130,9 +136,9 @@ class TemporalMemory(nn.Module):
         self.gru = nn.GRUCell(config.raw_message_dim + config.time_dim, config.memory_dim)
         self.state = MemoryState(num_nodes, config)
 
-    def _apply(self, fn, *args, **kwargs):  # keep the state on the module's device through .to()/.cuda()
+    def _apply(self, fn, *args, **kwargs):  # the state follows the module through .to()/.cuda()/.double()
         result = super()._apply(fn, *args, **kwargs)
-        self.state.to(self.gru.weight_hh.device)
+        self.state.to(self.gru.weight_hh.device, self.gru.weight_hh.dtype)
         return result
 
     def updated(self, needed: Tensor | None = None) -> tuple[Tensor, Tensor]:

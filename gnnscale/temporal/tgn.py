@@ -49,30 +49,49 @@ class Neighborhood:
 
 
 class TemporalAttention(nn.Module):
-    """One layer of TGN's graph attention embedding."""
+    """One layer of TGN's graph attention embedding: multi-head attention from ``[s_i, phi(0)]`` over
+    the keys and values ``[s_j, e_j, phi(t - t_j)]`` of the sampled past events, then a merge MLP.
+
+    The key and value projections are split in two: the neighbour-memory part is applied once per
+    *distinct* neighbour (a batch's neighbourhoods repeat the same nodes many times), the
+    edge-and-time part per (query, neighbour) pair; their sum is the projection of the
+    concatenation, as in ``nn.MultiheadAttention`` with ``kdim = vdim = d_mem + d_edge + d_time``.
+    """
 
     def __init__(self, memory_dim: int, edge_dim: int, time_dim: int, config: TGNConfig) -> None:
         super().__init__()
         query_dim = memory_dim + time_dim
-        key_dim = memory_dim + edge_dim + time_dim
-        # MultiheadAttention needs the query width divisible by the heads; pad the query projection instead.
-        self.attention = nn.MultiheadAttention(embed_dim=query_dim, num_heads=config.heads, kdim=key_dim,
-                                               vdim=key_dim, dropout=config.dropout, batch_first=True) \
-            if query_dim % config.heads == 0 else None
-        if self.attention is None:
+        if query_dim % config.heads:
             raise ValueError(f"memory_dim + time_dim = {query_dim} must be divisible by heads={config.heads}")
+        self.heads, self.dropout = config.heads, config.dropout
+        self.query = nn.Linear(query_dim, query_dim)
+        self.key_value_memory = nn.Linear(memory_dim, 2 * query_dim)
+        self.key_value_pair = nn.Linear(edge_dim + time_dim, 2 * query_dim, bias=False)
+        self.out = nn.Linear(query_dim, query_dim)
         self.merge = nn.Sequential(nn.Linear(query_dim + memory_dim, config.embedding_dim), nn.ReLU(),
                                    nn.Dropout(config.dropout), nn.Linear(config.embedding_dim, config.embedding_dim))
 
-    def forward(self, self_state: Tensor, query_time_code: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
-        """``self_state`` [B, d_mem], ``query_time_code`` [B, d_time], ``keys`` [B, k, d_key], ``mask`` [B, k]."""
-        query = torch.cat([self_state, query_time_code], dim=1).unsqueeze(1)
+    def forward(self, self_state: Tensor, query_time_code: Tensor, neighbor_memory: Tensor, neighbor_index: Tensor,
+                pair_features: Tensor, mask: Tensor) -> Tensor:
+        """``self_state`` [B, d_mem], ``query_time_code`` [B, d_time]; ``neighbor_memory`` [U, d_mem] rows of
+        the distinct neighbours and ``neighbor_index`` [B, k] which row each slot is; ``pair_features``
+        [B, k, d_edge + d_time]; ``mask`` [B, k] (False: padding)."""
+        batch, slots = mask.shape
+        heads = self.heads
+        query = self.query(torch.cat([self_state, query_time_code], dim=1))
+        width = query.shape[1]
+        key_value = self.key_value_memory(neighbor_memory)[neighbor_index] + self.key_value_pair(pair_features)
+        key, value = key_value.split(width, dim=-1)
+        query = query.view(batch, heads, 1, width // heads)
+        key = key.view(batch, slots, heads, width // heads).transpose(1, 2)
+        value = value.view(batch, slots, heads, width // heads).transpose(1, 2)
         # A row without any past event attends to nothing: give it one dummy valid slot and zero its output.
         empty = ~mask.any(dim=1)
-        key_padding = ~mask
-        key_padding[empty, 0] = False
-        out, _ = self.attention(query, keys, keys, key_padding_mask=key_padding, need_weights=False)
-        out = out.squeeze(1).masked_fill(empty.unsqueeze(1), 0.0)
+        allowed = mask.clone()
+        allowed[empty, 0] = True
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed[:, None, None, :],
+                                             dropout_p=self.dropout if self.training else 0.0)
+        out = self.out(out.reshape(batch, width)).masked_fill(empty.unsqueeze(1), 0.0)
         return self.merge(torch.cat([out, self_state], dim=1))
 
 
@@ -113,14 +132,14 @@ class TGN(nn.Module):
         """
         encoder = self.memory.time_encoder
         dt = (times.unsqueeze(1) - neighborhood.times).to(memory.dtype).clamp(min=0.0)
-        parts = [memory[neighborhood.neighbors]]
+        pair = [encoder(dt)]
         if self.edge_dim:
             ids = neighborhood.event_ids.clamp(min=0)
-            parts.append(edge_features[ids] * neighborhood.mask.unsqueeze(-1))
-        parts.append(encoder(dt))
-        keys = torch.cat(parts, dim=-1)
+            pair.insert(0, edge_features[ids] * neighborhood.mask.unsqueeze(-1))
+        distinct, index = torch.unique(neighborhood.neighbors.clamp(min=0), return_inverse=True)
         query_code = encoder(torch.zeros_like(times, dtype=memory.dtype))
-        return self.embedding(memory[nodes], query_code, keys, neighborhood.mask)
+        return self.embedding(memory[nodes], query_code, memory[distinct], index, torch.cat(pair, dim=-1),
+                              neighborhood.mask)
 
     def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor,
                   reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
