@@ -145,39 +145,25 @@ def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
     import torch
     import torch.distributed as dist
 
-    from gnnscale.distributed.env import init_runtime
-    from gnnscale.distributed.watchdog import Watchdog
+    from gnnscale.distributed.job import joined_job
     from gnnscale.temporal.sharded import partition_interactions
 
-    runtime = init_runtime(env, args.device, timeout=args.failure_timeout)
-    watchdog, finished = None, False
-    try:
-        owner_of = "the torchrun agent of the first node" if env.agent_store else "rank 0"
-        watchdog = Watchdog.connect(env.master_addr, env.master_port, rank=env.rank, world_size=env.world_size,
-                                    prefix=f"gnnscale/{env.restart_count}/watchdog/", timeout=args.failure_timeout,
-                                    store_owner=owner_of).start()
-        with watchdog.guard():
-            owner = torch.zeros(events.num_nodes, dtype=torch.int64)
-            if env.rank == 0:
-                start = time.perf_counter()
-                train = split.train
-                owner = torch.from_numpy(partition_interactions(
-                    events.src[train], events.dst[train], events.num_nodes, env.world_size,
-                    method=args.partition_method, seed=args.seed))
-                ranks = owner.numpy()[events.src[train]]
-                cut = float(np.mean(ranks != owner.numpy()[events.dst[train]]))
-                log.info("node memory: %s partition of the training interactions in %.1fs; nodes per rank %s, "
-                         "training events per rank %s, %.1f%% of events cross ranks", args.partition_method,
-                         time.perf_counter() - start, np.bincount(owner.numpy(), minlength=env.world_size).tolist(),
-                         np.bincount(ranks, minlength=env.world_size).tolist(), 100 * cut)
-            dist.broadcast(owner, src=0, group=runtime.sample_group)
-            best = _train(args, events, split, runtime=runtime, owner=owner.numpy())
-            runtime.barrier()
-        finished = True
-    finally:
-        if watchdog is not None:
-            watchdog.stop()
-        runtime.close(timeout=30.0 if finished else 0.0)
+    with joined_job(env, args.device, args.failure_timeout) as runtime:
+        owner = torch.zeros(events.num_nodes, dtype=torch.int64)
+        if env.rank == 0:
+            start = time.perf_counter()
+            train = split.train
+            owner = torch.from_numpy(partition_interactions(
+                events.src[train], events.dst[train], events.num_nodes, env.world_size,
+                method=args.partition_method, seed=args.seed))
+            ranks = owner.numpy()[events.src[train]]
+            cut = float(np.mean(ranks != owner.numpy()[events.dst[train]]))
+            log.info("node memory: %s partition of the training interactions in %.1fs; nodes per rank %s, "
+                     "training events per rank %s, %.1f%% of events cross ranks", args.partition_method,
+                     time.perf_counter() - start, np.bincount(owner.numpy(), minlength=env.world_size).tolist(),
+                     np.bincount(ranks, minlength=env.world_size).tolist(), 100 * cut)
+        dist.broadcast(owner, src=0, group=runtime.sample_group)
+        best = _train(args, events, split, runtime=runtime, owner=owner.numpy())
     return best
 
 

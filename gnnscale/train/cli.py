@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -148,8 +147,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def run_distributed(args: argparse.Namespace) -> dict:
     """Train on partition ``rank`` of ``--partitions``; rank 0 writes ``metrics.json``."""
-    from gnnscale.distributed.env import init_runtime, read_env
-    from gnnscale.distributed.watchdog import Watchdog
+    from gnnscale.distributed.env import read_env
+    from gnnscale.distributed.job import joined_job
     from gnnscale.train.distributed import DistConfig, DistNodeClassificationTrainer
     from partition.format import read_manifest
     from partition.load import load_partition
@@ -170,25 +169,11 @@ def run_distributed(args: argparse.Namespace) -> dict:
     name = (manifest.get("dataset") or {}).get("name") or args.partitions.name
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}-{env.world_size}r"
     part = load_partition(args.partitions, env.rank)
-    runtime = init_runtime(env, args.device, timeout=args.failure_timeout)
-    watchdog, finished = None, False
-    try:
-        if runtime.store is not None:
-            owner = "the torchrun agent of the first node" if env.agent_store else "rank 0"
-            watchdog = Watchdog.connect(env.master_addr, env.master_port, rank=env.rank, world_size=env.world_size,
-                                        prefix=f"gnnscale/{env.restart_count}/watchdog/",
-                                        timeout=args.failure_timeout, store_owner=owner).start()
-        with watchdog.guard() if watchdog is not None else contextlib.nullcontext():
-            trainer = DistNodeClassificationTrainer(part, runtime, split=args.split, model_config=model_config,
-                                                    sampler_config=sampler_config, config=train_config,
-                                                    dist_config=dist_config, out=out)
-            result = trainer.fit()
-            runtime.barrier()
-        finished = True
-    finally:
-        if watchdog is not None:
-            watchdog.stop()
-        runtime.close(timeout=30.0 if finished else 0.0)
+    with joined_job(env, args.device, args.failure_timeout) as runtime:
+        trainer = DistNodeClassificationTrainer(part, runtime, split=args.split, model_config=model_config,
+                                                sampler_config=sampler_config, config=train_config,
+                                                dist_config=dist_config, out=out)
+        result = trainer.fit()
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
