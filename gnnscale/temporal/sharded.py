@@ -175,6 +175,14 @@ class ShardedMemory:
         state = self.memory.state
         device = state.memory.device
         nodes = nodes.to(device)
+        if self.world_size == 1:  # every node is owned here: apply in place, on the device
+            state.memory[nodes] = memory[nodes].to(state.memory.dtype)
+            state.last_update[nodes] = last_update[nodes]
+            state.has_mail[nodes] = False
+            if message_nodes.numel():
+                self.memory.deliver(message_nodes, message_times, message_keys, messages.to(state.mail.dtype))
+            self._written(torch.unique(torch.cat([nodes, message_nodes])).cpu())
+            return
         rows = torch.cat([nodes.unsqueeze(1).to(torch.float64), last_update[nodes].unsqueeze(1),
                           memory[nodes].to(torch.float64)], 1).cpu()
         mail = torch.cat([message_nodes.unsqueeze(1).to(torch.float64), message_times.unsqueeze(1).to(torch.float64),
@@ -194,14 +202,19 @@ class ShardedMemory:
         if mailed.numel():
             self.memory.deliver(mailed.to(device), mail[:, 1].to(device), mail[:, 2].to(torch.int64).to(device),
                                 mail[:, 3:].to(state.mail.dtype).to(device))
-        written = torch.unique(torch.cat([persisted, mailed]))
-        if written.numel():
-            self.version[written] = self.step
-            if self.world_size > 1:
-                self._dirty[written] = True
-                self._writes.append(torch.stack([written, torch.full_like(written, self.step)], 1))
-            if self.log is not None:
-                self.log.writes.append(torch.stack([written, torch.full_like(written, self.step)], 1))
+        self._written(torch.unique(torch.cat([persisted, mailed])))
+
+    def _written(self, nodes: Tensor) -> None:
+        """Owned ``nodes`` (distinct, CPU) were written at this step: new versions, and for the next refresh."""
+        if not nodes.numel():
+            return
+        self.version[nodes] = self.step
+        log = torch.stack([nodes, torch.full_like(nodes, self.step)], 1)
+        if self.world_size > 1:
+            self._dirty[nodes] = True
+            self._writes.append(log)
+        if self.log is not None:
+            self.log.writes.append(log)
 
     def end_step(self) -> None:
         """Close global step ``self.step``; refresh the replicas when K + 1 steps have passed since the last time."""
