@@ -20,8 +20,8 @@ exactly what a single process would (the owners aggregate a node's messages in t
 batch's order, see :meth:`TemporalMemory.deliver`).
 
 **Versions and staleness.**  Every row carries its *version*: the global step of the owner's
-write it reflects (-1: not written since the last reset).  A read of a remote node at step
-``s`` *misses* the owner's writes to that node at steps after the read's version and before
+write it reflects (a row not written since the last reset: the step before the reset, which
+every rank applies at once).  A read of a remote node at step ``s`` *misses* the owner's writes to that node at steps after the read's version and before
 ``s``; its staleness is ``s - m`` for the earliest missed write ``m`` (how many steps old the
 oldest write it could not see is), 0 when it missed nothing.  Replicas are refreshed through
 step ``s - 1 - j`` with ``j <= K``, so a missed write is at least step ``s - K``: staleness
@@ -136,10 +136,19 @@ class ShardedMemory:
     def reset(self) -> None:
         """Forget every node's memory (the start of each epoch over the stream); counters are kept."""
         self.memory.state.reset()
-        self.version.fill_(-1)
+        # The reset is the same write on every rank at once: every row is current as of now.
+        self.begin_pass()
+        self.version.fill_(self.step - 1)
         self._dirty.zero_()
         self._writes.clear()
         self._reads.clear()
+
+    def begin_pass(self) -> None:
+        """Start a pass over a stream (after a :meth:`refresh`): the step count moves on to the next
+        multiple of ``K + 1``, so every pass refreshes at the same points of its own steps, and a pass
+        repeated from the same state reads exactly the same replica rows."""
+        period = self.staleness + 1
+        self.step = -(-self.step // period) * period
 
     def take_stats(self) -> StalenessStats:
         """This rank's counters since the last call, and start new ones."""

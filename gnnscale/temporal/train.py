@@ -255,6 +255,7 @@ class TemporalLinkTrainer:
         """
         self.model.eval()
         eval_negatives = self.config.eval_negatives if ranking else 0
+        self.shard.begin_pass()
         rows = []
         for batch in self._batches(event_ids):
             out = self._step(batch, self.full_sampler, None, rng, train=False, eval_negatives=eval_negatives)
@@ -328,7 +329,7 @@ class TemporalLinkTrainer:
             staleness = read_staleness()
             record = {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
                       "train_events_per_second": self.train_event_ids.size / train_seconds,
-                      "val_seconds": time.perf_counter() - start - train_seconds,
+                      "eval_seconds": time.perf_counter() - start - train_seconds,
                       **{f"val_{k}": v for k, v in val.items()}, **staleness}
             history.append(record)
             log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)%s", epoch, loss, train_seconds,
