@@ -218,14 +218,18 @@ class TemporalLinkTrainer:
         if self.world_size == 1:
             return
         params = [p for p in self.model.parameters() if p.requires_grad]
-        flat = torch.cat([torch.zeros(p.numel() + 1, device=p.device) if p.grad is None else
-                          torch.cat([p.grad.reshape(-1), torch.ones(1, device=p.device)]) for p in params])
+        # One buffer: every gradient (zeros where missing), then one has-a-gradient flag per parameter.
+        flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
+                          p.grad.reshape(-1) for p in params] +
+                         [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
+                                       device=params[0].device)])
         self.grad_comm.all_reduce(flat)
+        flags = flat[-len(params):].cpu()
         offset = 0
-        for p in params:
+        for p, flag in zip(params, flags.tolist()):
             size = p.numel()
-            p.grad = flat[offset:offset + size].view_as(p).clone() if float(flat[offset + size]) > 0 else None
-            offset += size + 1
+            p.grad = flat[offset:offset + size].view_as(p).clone() if flag > 0 else None
+            offset += size
 
     def _batches(self, event_ids: np.ndarray) -> list[np.ndarray]:
         size = self.config.batch_size
