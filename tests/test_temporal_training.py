@@ -122,10 +122,16 @@ def test_train_config_errors():
         TemporalTrainConfig(batch_size=0)
 
 
-def test_final_pass_repeats_the_best_epochs_validation():
+@pytest.mark.parametrize("sampling", ["recent", "uniform"])
+def test_final_pass_repeats_the_best_epochs_validation(sampling):
     """fit() restores the best epoch and streams validation again (with MRR): the same AP early stopping saw."""
     trainer = trainer_for(stream(num_events=900, num_nodes=50))
     trainer.config.epochs, trainer.config.patience = 3, 0
+    if sampling == "uniform":
+        from samplers.temporal import TemporalNeighborSampler
+
+        trainer.train_sampler = TemporalNeighborSampler(trainer.train_graph, 5, "uniform")
+        trainer.full_sampler = TemporalNeighborSampler(trainer.full_graph, 5, "uniform")
     best = trainer.fit()
     epoch = next(r for r in best["history"] if r["epoch"] == best["best_epoch"])
     assert best["val_ap"] == epoch["val_ap"] and best["val_ap"] == max(r["val_ap"] for r in best["history"])

@@ -173,7 +173,13 @@ class TemporalLinkTrainer:
         nodes = torch.cat([src, dst, torch.from_numpy(negatives).to(self.device)])
         times = torch.cat([t, t, t.repeat(1 + eval_negatives)])
         cutoff = torch.full_like(times, float(self.events.t[batch[0]]))
-        neighborhood = self._neighborhood(sampler, nodes, cutoff, self.sample_rng, event_map)
+        # The ranking negatives' neighbours ("uniform" draws) from their own stream as well.
+        base = 3 * positions.size
+        parts = [self._neighborhood(sampler, nodes[:base], cutoff[:base], self.sample_rng, event_map)]
+        if eval_negatives:
+            parts.append(self._neighborhood(sampler, nodes[base:], cutoff[base:], self.mrr_rng, event_map))
+        neighborhood = parts[0] if len(parts) == 1 else Neighborhood(
+            *(torch.cat([getattr(part, name) for part in parts]) for name in ("neighbors", "times", "event_ids", "mask")))
         needed = torch.cat([nodes, neighborhood.neighbors[neighborhood.mask]])
         self.shard.read(needed)
         memory, last_update = self.model.memory.updated(needed)
