@@ -44,11 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "to a node are combined")
     model.add_argument("--no-edge-features", action="store_true", help="ignore the events' feature columns")
     train = parser.add_argument_group("training")
-    train.add_argument("--batch-size", type=int, default=200, help="consecutive events per step")
+    train.add_argument("--batch-size", type=int, default=200, help="consecutive events per step (on several ranks: "
+                       "the global batch). A batch never sees its own events, so smaller batches see more recent "
+                       "history: 20 reached Wikipedia's AP targets here, with 10x the steps per epoch")
     train.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
     train.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
     train.add_argument("--epochs", type=int, default=10)
-    train.add_argument("--lr", type=float, default=1e-4)
+    train.add_argument("--lr", type=float, default=5e-4, help="Adam learning rate (TGN's 1e-4 converged several "
+                       "times slower on Wikipedia here)")
     train.add_argument("--patience", type=int, default=5, help="early stop after this many epochs without a "
                        "better validation AP; 0 = off")
     train.add_argument("--eval-negatives", type=int, default=10, help="negative destinations per event for MRR")

@@ -53,8 +53,8 @@ class TemporalTrainConfig:
     """Passes over the training events."""
     batch_size: int = 200
     """Consecutive events per step."""
-    lr: float = 1e-4
-    """Adam learning rate (TGN's)."""
+    lr: float = 5e-4
+    """Adam learning rate (TGN uses 1e-4, which converged several times slower on Wikipedia)."""
     num_neighbors: int = 10
     """Past events each node attends over."""
     sampling: str = "recent"
