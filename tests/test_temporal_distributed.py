@@ -183,3 +183,22 @@ def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --staleness must be >= 0 global steps, got -1"]
     assert not (tmp_path / "run").exists()
+
+
+def test_split_events_balances_each_batch_and_keeps_owners_where_it_can():
+    from gnnscale.temporal.train import split_events
+
+    rng = np.random.default_rng(0)
+    for world_size in (2, 3, 4):
+        for n in (1, 7, 50, 200):
+            preferred = np.minimum(rng.geometric(0.5, n) - 1, world_size - 1)  # skewed towards rank 0
+            ranks = split_events(preferred, world_size)
+            cap = -(-n // world_size)
+            counts = np.bincount(ranks, minlength=world_size)
+            assert counts.max() <= cap and counts.sum() == n
+            wanted = np.bincount(preferred, minlength=world_size)
+            assert np.sum(ranks == preferred) == np.minimum(wanted, cap).sum()
+            # within a rank, the events kept are the earliest it wanted
+            for r in range(world_size):
+                kept = np.flatnonzero((preferred == r) & (ranks == r))
+                assert np.array_equal(kept, np.flatnonzero(preferred == r)[:kept.size])

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "semantics")
     dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
                       "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
+    dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
+                      "an event: the owner of its source (fewer remote reads), or that owner up to an equal share "
+                      "of each batch (no rank waits for a busier one)")
     dist.add_argument("--failure-timeout", type=float, default=120.0, help="seconds before a silent peer rank "
                       "fails the job, naming it")
     parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json "
@@ -133,7 +136,8 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
     config = TemporalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                  num_neighbors=args.num_neighbors, sampling=args.sampling,
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
-                                 device=args.device, staleness=args.staleness)
+                                 device=args.device, staleness=args.staleness,
+                                 event_split=args.event_split)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)

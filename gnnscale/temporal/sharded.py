@@ -25,9 +25,12 @@ every rank applies at once).  A read of a remote node at step ``s`` *misses* the
 ``s``; its staleness is ``s - m`` for the earliest missed write ``m`` (how many steps old the
 oldest write it could not see is), 0 when it missed nothing.  Replicas are refreshed through
 step ``s - 1 - j`` with ``j <= K``, so a missed write is at least step ``s - K``: staleness
-never exceeds K.  Owners send their write log (node, step) with every refresh, and each rank
-scores the remote reads it made since the previous refresh against it: the maximum and mean
-are measured, not assumed (:class:`StalenessStats`).
+never exceeds K.  With every refreshed row the owner sends the step of its first write since
+the previous refresh, and each rank scores the remote reads it made in between against it: the
+maximum and mean are measured, not assumed (:class:`StalenessStats`).
+
+Collectives per step: one all-to-all (with its size exchange) for the writes, one all-gather
+(with its size all-reduce) per refresh, and the gradients' all-reduce.
 
 Memory cost: the replica is a dense table (every rank can read any node: the negative
 destinations of a batch are drawn from all destinations), so each rank holds ``N`` rows; what
@@ -129,7 +132,7 @@ class ShardedMemory:
         self.log = ReadWriteLog() if record else None
         self.step = 0
         self._dirty = torch.zeros(n, dtype=torch.bool)
-        self._writes: list[Tensor] = []
+        self._first_write = torch.full((n,), NEVER, dtype=torch.int64)
         self._reads: list[tuple[Tensor, int]] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,7 +143,7 @@ class ShardedMemory:
         self.begin_pass()
         self.version.fill_(self.step - 1)
         self._dirty.zero_()
-        self._writes.clear()
+        self._first_write.fill_(NEVER)
         self._reads.clear()
 
     def begin_pass(self) -> None:
@@ -192,25 +195,37 @@ class ShardedMemory:
                 self.memory.deliver(message_nodes, message_times, message_keys, messages.to(state.mail.dtype))
             self._written(torch.unique(torch.cat([nodes, message_nodes])).cpu())
             return
-        rows = torch.cat([nodes.unsqueeze(1).to(torch.float64), last_update[nodes].unsqueeze(1),
-                          memory[nodes].to(torch.float64)], 1).cpu()
-        mail = torch.cat([message_nodes.unsqueeze(1).to(torch.float64), message_times.unsqueeze(1).to(torch.float64),
-                          message_keys.unsqueeze(1).to(torch.float64), messages.to(torch.float64)], 1).cpu()
+        # One exchange carries both kinds of write, as float64 rows (ids and times stay exact):
+        # [kind, node, time, key, payload...]; kind 0 persists memory (time: last update), kind 1
+        # is a raw message (time: event time, key: order in the global batch).
+        width = 4 + max(memory.shape[1], messages.shape[1])
+        rows = torch.zeros(nodes.numel() + message_nodes.numel(), width, dtype=torch.float64)
+        count = nodes.numel()
+        rows[:count, 1] = nodes.cpu().to(torch.float64)
+        rows[:count, 2] = last_update[nodes].cpu()
+        rows[:count, 4:4 + memory.shape[1]] = memory[nodes].cpu().to(torch.float64)
+        rows[count:, 0] = 1.0
+        rows[count:, 1] = message_nodes.cpu().to(torch.float64)
+        rows[count:, 2] = message_times.cpu().to(torch.float64)
+        rows[count:, 3] = message_keys.cpu().to(torch.float64)
+        rows[count:, 4:4 + messages.shape[1]] = messages.cpu().to(torch.float64)
         rows = torch.cat(self._to_owners(rows))
-        mail = torch.cat(self._to_owners(mail))
-        persisted = rows[:, 0].to(torch.int64)
+        kind = rows[:, 0] > 0.5
+        persist, mail = rows[~kind], rows[kind]
+        persisted = persist[:, 1].to(torch.int64)
         if persisted.numel():
             # A node several ranks persisted got the same row from each when K = 0; take the
             # last rank's, so the choice does not depend on timing when K > 0 either.
             unique, last = _last_occurrence(persisted)
             target = unique.to(device)
-            state.memory[target] = rows[last, 2:].to(state.memory.dtype).to(device)
-            state.last_update[target] = rows[last, 1].to(device)
+            d = state.memory.shape[1]
+            state.memory[target] = persist[last, 4:4 + d].to(state.memory.dtype).to(device)
+            state.last_update[target] = persist[last, 2].to(device)
             state.has_mail[target] = False
-        mailed = mail[:, 0].to(torch.int64)
+        mailed = mail[:, 1].to(torch.int64)
         if mailed.numel():
-            self.memory.deliver(mailed.to(device), mail[:, 1].to(device), mail[:, 2].to(torch.int64).to(device),
-                                mail[:, 3:].to(state.mail.dtype).to(device))
+            self.memory.deliver(mailed.to(device), mail[:, 2].to(device), mail[:, 3].to(torch.int64).to(device),
+                                mail[:, 4:4 + state.mail.shape[1]].to(state.mail.dtype).to(device))
         self._written(torch.unique(torch.cat([persisted, mailed])))
 
     def _written(self, nodes: Tensor) -> None:
@@ -218,12 +233,12 @@ class ShardedMemory:
         if not nodes.numel():
             return
         self.version[nodes] = self.step
-        log = torch.stack([nodes, torch.full_like(nodes, self.step)], 1)
         if self.world_size > 1:
             self._dirty[nodes] = True
-            self._writes.append(log)
+            first = self._first_write[nodes]
+            self._first_write[nodes] = torch.where(first == NEVER, self.step, first)
         if self.log is not None:
-            self.log.writes.append(log)
+            self.log.writes.append(torch.stack([nodes, torch.full_like(nodes, self.step)], 1))
 
     def end_step(self) -> None:
         """Close global step ``self.step``; refresh the replicas when K + 1 steps have passed since the last time."""
@@ -232,45 +247,45 @@ class ShardedMemory:
             self.refresh()
 
     def refresh(self) -> None:
-        """Owners send every row changed since the last refresh to every rank (a collective), and each
-        rank scores the remote reads it made since then against the owners' write logs."""
+        """Owners send every row changed since the last refresh to every rank (one all-gather), with the
+        step of its first write since then, and each rank scores the remote reads it made since the
+        last refresh against those steps."""
         if self.world_size == 1:
             return
         state = self.memory.state
         rows = torch.nonzero(self._dirty).squeeze(1)
         device_rows = rows.to(state.memory.device)
         payload = torch.cat([rows.unsqueeze(1).to(torch.float64), self.version[rows].unsqueeze(1).to(torch.float64),
+                             self._first_write[rows].unsqueeze(1).to(torch.float64),
                              state.last_update[device_rows].unsqueeze(1).cpu(),
                              state.mail_time[device_rows].unsqueeze(1).cpu(),
                              state.has_mail[device_rows].unsqueeze(1).to(torch.float64).cpu(),
                              state.memory[device_rows].to(torch.float64).cpu(),
                              state.mail[device_rows].to(torch.float64).cpu()], 1)
-        writes = torch.cat(self._writes) if self._writes else torch.empty((0, 2), dtype=torch.int64)
+        self._dirty[rows] = False
+        self._first_write[rows] = NEVER
         payload = self.exchanger.all_gather_rows(payload)
-        writes = self.exchanger.all_gather_rows(writes)
         nodes = payload[:, 0].to(torch.int64)
+        first = torch.full((self.owner.numel(),), NEVER, dtype=torch.int64)
+        first[nodes] = payload[:, 2].to(torch.int64)
         keep = ~self.owned[nodes]
         payload, nodes = payload[keep], nodes[keep]
         if nodes.numel():
             d = state.memory.shape[1]
             target = nodes.to(state.memory.device)
             self.version[nodes] = payload[:, 1].to(torch.int64)
-            state.last_update[target] = payload[:, 2].to(state.memory.device)
-            state.mail_time[target] = payload[:, 3].to(state.memory.device)
-            state.has_mail[target] = payload[:, 4].to(state.memory.device) > 0.5
-            state.memory[target] = payload[:, 5:5 + d].to(state.memory.dtype).to(state.memory.device)
-            state.mail[target] = payload[:, 5 + d:].to(state.mail.dtype).to(state.memory.device)
-        self._score_reads(writes)
-        self._dirty.zero_()
-        self._writes.clear()
+            state.last_update[target] = payload[:, 3].to(state.memory.device)
+            state.mail_time[target] = payload[:, 4].to(state.memory.device)
+            state.has_mail[target] = payload[:, 5].to(state.memory.device) > 0.5
+            state.memory[target] = payload[:, 6:6 + d].to(state.memory.dtype).to(state.memory.device)
+            state.mail[target] = payload[:, 6 + d:].to(state.mail.dtype).to(state.memory.device)
+        self._score_reads(first)
 
-    def _score_reads(self, writes: Tensor) -> None:
-        """Staleness of the remote reads since the last refresh, from the owners' writes in that window."""
+    def _score_reads(self, first: Tensor) -> None:
+        """Staleness of the remote reads since the last refresh; ``first`` [N]: each node's first write
+        since then (``NEVER`` if none)."""
         if not self._reads:
             return
-        first = torch.full((self.owner.numel(),), NEVER, dtype=torch.int64)
-        if writes.numel():
-            first.scatter_reduce_(0, writes[:, 0], writes[:, 1], reduce="amin")
         stats = self.stats
         for remote, step in self._reads:
             earliest = first[remote]
@@ -283,10 +298,8 @@ class ShardedMemory:
         self._reads.clear()
 
     def _to_owners(self, rows: Tensor) -> list[Tensor]:
-        """Route float64 rows whose first column is a node id to that node's owner; what arrives here."""
-        if self.world_size == 1:
-            return [rows]
-        owner = self.owner[rows[:, 0].to(torch.int64)]
+        """Route float64 rows whose second column is a node id to that node's owner; what arrives here."""
+        owner = self.owner[rows[:, 1].to(torch.int64)]
         order = torch.sort(owner, stable=True).indices
         sizes = torch.bincount(owner, minlength=self.world_size).tolist()
         return self.exchanger.exchange(list(rows[order].split(sizes)))

@@ -68,6 +68,10 @@ class TemporalTrainConfig:
     device: str = "cpu"
     staleness: int = 0
     """K: the most global steps a read of another rank's node memory may be behind (several ranks)."""
+    event_split: str = "balanced"
+    """Which rank computes an event of a global batch: ``owner`` of its source node, or ``balanced``:
+    the source's owner up to an equal share of the batch per rank, the overflow to ranks with room
+    (every step waits for the slowest rank, and bursts of one user's events are common)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives"):
@@ -77,10 +81,29 @@ class TemporalTrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.sampling not in ("recent", "uniform"):
             raise ValueError(f"unknown sampling {self.sampling!r}; choose recent or uniform")
+        if self.event_split not in ("balanced", "owner"):
+            raise ValueError(f"unknown event_split {self.event_split!r}; choose balanced or owner")
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0 global steps, got {self.staleness}")
         if self.patience < 0:
             raise ValueError(f"patience must be >= 0, got {self.patience}")
+
+
+def split_events(preferred: np.ndarray, world_size: int) -> np.ndarray:
+    """Rank of each event of a batch: its ``preferred`` rank while that rank has fewer than
+    ``ceil(n / world_size)`` events (in batch order), else, in batch order, the ranks with room."""
+    n = preferred.size
+    cap = -(-n // world_size)
+    order = np.argsort(preferred, kind="stable")
+    counts = np.bincount(preferred, minlength=world_size)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank_position = np.empty(n, dtype=np.int64)
+    rank_position[order] = np.arange(n) - np.repeat(starts, counts)
+    assigned = preferred.copy()
+    overflow = np.flatnonzero(rank_position >= cap)
+    room = cap - np.minimum(counts, cap)
+    assigned[overflow] = np.repeat(np.arange(world_size), room)[:overflow.size]
+    return assigned
 
 
 class TemporalLinkTrainer:
@@ -117,8 +140,8 @@ class TemporalLinkTrainer:
                                    staleness=config.staleness, record=record,
                                    exchanger=Exchanger(None if runtime is None else runtime.sample_group,
                                                        self.rank, self.world_size))
-        # This rank takes the events whose source it owns.
-        self.mine = np.asarray(owner)[events.src] == self.rank
+        # Who computes each event: the owner of its source, balanced per batch (see split_events).
+        self.event_owner = np.asarray(owner)[events.src]
         train = np.flatnonzero(split.train)
         # Training sees only training events as neighbours; evaluation sees every event before each query.
         self.train_graph = TemporalGraph(events.src[train], events.dst[train], events.t[train], events.num_nodes)
@@ -149,7 +172,12 @@ class TemporalLinkTrainer:
 
     def local_positions(self, batch: np.ndarray) -> np.ndarray:
         """Positions in the global ``batch`` of the events this rank computes (all of them on one rank)."""
-        return np.arange(batch.size) if self.world_size == 1 else np.flatnonzero(self.mine[batch])
+        if self.world_size == 1:
+            return np.arange(batch.size)
+        ranks = self.event_owner[batch]
+        if self.config.event_split == "balanced":
+            ranks = split_events(ranks, self.world_size)
+        return np.flatnonzero(ranks == self.rank)
 
     def embed_batch(self, batch: np.ndarray, sampler, event_map: np.ndarray | None, rng: np.random.Generator,
                     eval_negatives: int = 0) -> tuple[Tensor, Tensor, Tensor]:
