@@ -459,3 +459,30 @@ def test_a_second_concurrent_pass_is_refused(graph: Graph) -> None:
 def test_negative_seed_is_rejected_up_front() -> None:
     with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
         LoaderConfig(seed=-1)
+
+
+def test_a_swallowed_ctrl_c_still_stops_the_pass(graph):
+    """A SIGINT whose KeyboardInterrupt was lost (raised inside a __del__) stops the pass at the next batch."""
+    import os
+    import signal
+
+    from gnnscale import interrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    interrupt.install()
+    try:
+        loader = make_loader(graph, num_workers=1)
+        seen = 0
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                seen += 1
+                if seen == 2:
+                    try:
+                        os.kill(os.getpid(), signal.SIGINT)
+                        time.sleep(0.5)  # the handler raises in here ...
+                    except KeyboardInterrupt:
+                        pass  # ... and the exception is swallowed, as in a __del__
+        assert seen == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupt._requested.clear()

@@ -150,7 +150,7 @@ def test_ctrl_c_stops_training_promptly_and_writes_nothing(tmp_path):
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert time.monotonic() - sent < 15
+    assert time.monotonic() - sent < 15, stderr[-3000:]
     assert proc.returncode == 130, stderr
     assert "interrupted: no metrics.json written" in stderr
     assert not (out / "metrics.json").exists()

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale import interrupt
 from gnnscale.batch import MiniBatch
 from gnnscale.pipeline.native import gather_rows
 
@@ -225,7 +226,9 @@ class PrefetchLoader:
         self._running = True
         self.stats = PassStats()
         try:
-            yield from passes
+            for loaded in passes:
+                interrupt.check()  # a Ctrl-C swallowed by a __del__ stops the pass here
+                yield loaded
         finally:
             passes.close()
             self._running = False

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.metrics import average_precision, mean_reciprocal_rank
 from gnnscale.temporal.memory import MemoryConfig
@@ -279,6 +280,7 @@ class TemporalLinkTrainer:
         losses = []
         event_map = self.train_event_ids  # the train graph numbers its events 0..len(train)-1
         for batch in self._batches(self.train_event_ids):
+            interrupt.check()
             losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it
         return float(self.shard.exchanger.all_reduce(torch.stack(losses).cpu()).mean())
@@ -296,6 +298,7 @@ class TemporalLinkTrainer:
         self.shard.begin_pass()
         rows = []
         for batch in self._batches(event_ids):
+            interrupt.check()
             out = self._step(batch, self.full_sampler, None, rng, train=False, eval_negatives=eval_negatives)
             ids = torch.from_numpy(batch)[out["positions"]].to(torch.float64).unsqueeze(1)
             ranked = [out["mrr_neg"].cpu().double()] if ranking else []

@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
 
+    from gnnscale import interrupt
+
+    interrupt.install()
     try:
         run(args)
     except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
