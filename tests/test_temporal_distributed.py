@@ -202,3 +202,28 @@ def test_split_events_balances_each_batch_and_keeps_owners_where_it_can():
             for r in range(world_size):
                 kept = np.flatnonzero((preferred == r) & (ranks == r))
                 assert np.array_equal(kept, np.flatnonzero(preferred == r)[:kept.size])
+
+
+def test_sharded_memory_and_config_errors():
+    from gnnscale.distributed.comm import Exchanger
+    from gnnscale.temporal.memory import TemporalMemory
+    from gnnscale.temporal.sharded import ShardedMemory
+
+    memory = TemporalMemory(10, MemoryConfig(memory_dim=4, time_dim=4))
+    one = Exchanger(None, 0, 1)
+    with pytest.raises(ValueError, match="staleness must be >= 0 global steps, got -1"):
+        ShardedMemory(memory, torch.zeros(10, dtype=torch.int64), staleness=-1, exchanger=one)
+    with pytest.raises(ValueError, match=r"owner has shape \(9,\), expected \(10,\)"):
+        ShardedMemory(memory, torch.zeros(9, dtype=torch.int64), staleness=0, exchanger=one)
+    with pytest.raises(ValueError, match=r"owner ranks must be in \[0, 1\), got \[0, 1\]"):
+        ShardedMemory(memory, torch.arange(10) % 2, staleness=0, exchanger=one)
+    with pytest.raises(ValueError, match="staleness must be >= 0 global steps, got -2"):
+        TemporalTrainConfig(staleness=-2)
+    with pytest.raises(ValueError, match="unknown event_split 'random'; choose balanced or owner"):
+        TemporalTrainConfig(event_split="random")
+    events = stream(num_events=200, num_nodes=30)
+    with pytest.raises(ValueError, match="several ranks need an owner rank for every node"):
+        TemporalLinkTrainer(events, chronological_split(events), memory_config=MemoryConfig(memory_dim=4, time_dim=4),
+                            tgn_config=TGNConfig(embedding_dim=4, heads=2), config=TemporalTrainConfig(),
+                            runtime=type("Runtime", (), {"rank": 0, "world_size": 2, "device": torch.device("cpu"),
+                                                         "group": None, "sample_group": None})())

@@ -322,30 +322,17 @@ def partition_interactions(src: np.ndarray, dst: np.ndarray, num_nodes: int, num
         int64 [num_nodes] with values in ``[0, num_parts)``.
     """
     from gnnscale.data.dataset import GraphDataset, csc_from_edges
-    from partition.assign import assign_parts
+    from partition.assign import assign_parts, random_parts
     from partition.config import PartitionConfig
 
     config = PartitionConfig(num_parts=num_parts, method=method, balance=("nodes", "edges"), seed=seed)
-    if num_parts == 1 or method == "random":
-        return assign_parts(_placeholder(num_nodes), config)[0]
-    a, b = np.minimum(src, dst), np.maximum(src, dst)
-    pairs = np.unique(np.stack([a, b], 1)[a != b], axis=0)
-    both_ways_src = np.concatenate([pairs[:, 0], pairs[:, 1]])
-    both_ways_dst = np.concatenate([pairs[:, 1], pairs[:, 0]])
-    indptr, indices = csc_from_edges(both_ways_src, both_ways_dst, num_nodes)
+    if num_parts == 1:
+        return np.zeros(num_nodes, dtype=np.int64)
+    if method == "random":
+        return random_parts(num_nodes, num_parts, seed)
+    indptr, indices = csc_from_edges(src, dst, num_nodes, symmetrize=True)
     graph = GraphDataset(name="interactions", indptr=indptr, indices=indices,
                          features=np.zeros((num_nodes, 1), np.float32), labels=np.zeros(num_nodes, np.int64),
                          train_masks=np.ones((1, num_nodes), bool), val_masks=np.zeros((1, num_nodes), bool),
                          test_masks=np.zeros((1, num_nodes), bool), num_classes=1)
-    parts, _ = assign_parts(graph, config)
-    return parts
-
-
-def _placeholder(num_nodes: int):
-    """An edgeless graph of ``num_nodes`` nodes (the random assignment reads only its size)."""
-    from gnnscale.data.dataset import GraphDataset
-
-    return GraphDataset(name="interactions", indptr=np.zeros(num_nodes + 1, np.int64), indices=np.zeros(0, np.int64),
-                        features=np.zeros((num_nodes, 1), np.float32), labels=np.zeros(num_nodes, np.int64),
-                        train_masks=np.ones((1, num_nodes), bool), val_masks=np.zeros((1, num_nodes), bool),
-                        test_masks=np.zeros((1, num_nodes), bool), num_classes=1)
+    return assign_parts(graph, config)[0]

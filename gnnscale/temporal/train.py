@@ -181,10 +181,11 @@ class TemporalLinkTrainer:
         return np.flatnonzero(ranks == self.rank)
 
     def embed_batch(self, batch: np.ndarray, sampler, event_map: np.ndarray | None, rng: np.random.Generator,
-                    eval_negatives: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                    eval_negatives: int = 0, positions: np.ndarray | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Embeddings of this rank's share of a global batch: its events' sources, destinations and
         ``1 + eval_negatives`` negatives per event (``[src; dst; negatives]``), with the memory they
-        were computed from: ``(z, memory, last_update)``.
+        were computed from: ``(z, memory, last_update)``.  ``positions``: this rank's share of the
+        batch, when the caller has it (:meth:`local_positions`).
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
         drawn from events before the batch's first event time, so no event of the batch (not even
@@ -195,7 +196,7 @@ class TemporalLinkTrainer:
         negatives = self.negatives.sample(count, rng)
         if eval_negatives:  # from their own stream, so a pass's AP does not depend on whether it ranks
             negatives = np.concatenate([negatives, self.negatives.sample(count * eval_negatives, self.mrr_rng)])
-        positions = self.local_positions(batch)
+        positions = self.local_positions(batch) if positions is None else positions
         local = torch.from_numpy(batch[positions]).to(self.device)
         negatives = negatives[(positions[None, :] + count * np.arange(1 + eval_negatives)[:, None]).ravel()]
         src, dst, t = self.src[local], self.dst[local], self.t[local]
@@ -220,7 +221,7 @@ class TemporalLinkTrainer:
         model, count = self.model, batch.size
         positions = self.local_positions(batch)
         n = positions.size
-        z, memory, last_update = self.embed_batch(batch, sampler, event_map, rng, eval_negatives)
+        z, memory, last_update = self.embed_batch(batch, sampler, event_map, rng, eval_negatives, positions)
         z_src, z_dst, z_neg = z[:n], z[n:2 * n], z[2 * n:]
         # A sum over this rank's events divided by the global count: summed over ranks, the batch mean.
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
