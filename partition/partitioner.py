@@ -9,6 +9,8 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 from gnnscale.data.dataset import GraphDataset
 from partition.assign import assign_parts
 from partition.book import PartitionBook
@@ -50,17 +52,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
                          f"({dataset.num_nodes:,}); pass --num-parts {dataset.num_nodes} or fewer")
     dataset.split(config.split)  # raises, naming the valid range, before any work
     monitor = monitor or StageMonitor(log.info)
-
-    with monitor.stage("metis" if config.method == "metis" and config.num_parts > 1 else "assign"):
-        parts, assign_info = assign_parts(dataset, config)
-    with monitor.stage("relabel"):
-        book, new2orig = PartitionBook.from_parts(parts, config.num_parts)
-        del parts
-    empty = [p for p in range(book.num_parts) if book.num_owned(p) == 0]
-    if empty:
-        warnings.warn(f"partition(s) {empty} own no nodes: {dataset.name} is too small or too disconnected for "
-                      f"{config.num_parts} balanced parts; use fewer --num-parts", stacklevel=2)
-
+    book, new2orig, assign_info = _assign_and_relabel(dataset, config, monitor)
     with atomic_directory(out, force=force) as tmp:
         writer = ArrayWriter(tmp)
         try:
@@ -81,6 +73,22 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
                                   monitor.summary(), command)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _assign_and_relabel(dataset: GraphDataset, config: PartitionConfig,
+                        monitor: StageMonitor) -> tuple[PartitionBook, np.ndarray, dict]:
+    """The partition book, the new-to-original id map, and what the assignment reports (METIS cut, balance)."""
+    with monitor.stage("metis" if config.method == "metis" and config.num_parts > 1 else "assign"):
+        parts, assign_info = assign_parts(dataset, config)
+    with monitor.stage("relabel"):
+        book, new2orig = PartitionBook.from_parts(parts, config.num_parts)
+        del parts
+    empty = [p for p in range(book.num_parts) if book.num_owned(p) == 0]
+    if empty:
+        # stacklevel 3: the caller of partition_graph.
+        warnings.warn(f"partition(s) {empty} own no nodes: {dataset.name} is too small or too disconnected for "
+                      f"{config.num_parts} balanced parts; use fewer --num-parts", stacklevel=3)
+    return book, new2orig, assign_info
 
 
 def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: PartitionBook, part_stats: list[dict],

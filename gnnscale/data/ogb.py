@@ -46,18 +46,35 @@ def load_ogb_node(data_dir: str | Path, *, split_name: str | None = None, to_und
     root = require_dir(Path(data_dir), "data_dir", _DOWNLOAD_FIX)
     raw = require_dir(root / "raw", "raw", _DOWNLOAD_FIX)
     num_nodes = _read_num_nodes(require_file(raw / "num-node-list.csv.gz", "num_nodes", _DOWNLOAD_FIX))
+    indptr, indices = _read_edges(raw, num_nodes, to_undirected)
 
+    feat_path = require_file(raw / "node-feat.csv.gz", "features", _DOWNLOAD_FIX + " (datasets without node "
+                             "features, such as ogbn-proteins, are not supported)")
+    features = check_features(_read_csv(feat_path, "features", np.float32), num_nodes, str(feat_path))
+    labels, num_classes, labeled = _read_labels(raw, num_nodes)
+
+    split_dir = _resolve_split(root, split_name)
+    masks = {part: _read_mask(split_dir, part, num_nodes, labeled) for part in ("train", "valid", "test")}
+    return GraphDataset(
+        name=name or root.resolve().name, indptr=indptr, indices=indices, features=features, labels=labels,
+        train_masks=masks["train"], val_masks=masks["valid"], test_masks=masks["test"],
+        num_classes=num_classes, metric="accuracy", source=str(root),
+        extra={"num_unlabeled": int((~labeled).sum()), "split_name": split_dir.name},
+    )
+
+
+def _read_edges(raw: Path, num_nodes: int, to_undirected: bool) -> tuple[np.ndarray, np.ndarray]:
+    """CSC ``(indptr, indices)`` from ``raw/edge.csv.gz``."""
     edge_path = require_file(raw / "edge.csv.gz", "edges", _DOWNLOAD_FIX)
     edges = _read_csv(edge_path, "edges", np.int64)
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise fail(str(edge_path), "edges", f"expected 2 columns (src,dst), got {edges.shape[1]}",
                    "store one 'src,dst' pair per line")
-    indptr, indices = edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, str(edge_path), symmetrize=to_undirected)
+    return edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, str(edge_path), symmetrize=to_undirected)
 
-    feat_path = require_file(raw / "node-feat.csv.gz", "features", _DOWNLOAD_FIX + " (datasets without node "
-                             "features, such as ogbn-proteins, are not supported)")
-    features = check_features(_read_csv(feat_path, "features", np.float32), num_nodes, str(feat_path))
 
+def _read_labels(raw: Path, num_nodes: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """Labels int64 [N] (0 where NaN), the number of classes, and bool [N]: which labels were not NaN."""
     label_path = require_file(raw / "node-label.csv.gz", "labels", _DOWNLOAD_FIX)
     raw_labels = _read_csv(label_path, "labels", np.float64)
     if raw_labels.shape[1] != 1:
@@ -68,27 +85,22 @@ def load_ogb_node(data_dir: str | Path, *, split_name: str | None = None, to_und
     if not labeled.any():
         raise fail(str(label_path), "labels", "every label is NaN", "re-download the dataset")
     labels, num_classes = check_labels(np.where(labeled, raw_labels, 0.0), num_nodes, str(label_path))
+    return labels, num_classes, labeled
 
-    split_dir = _resolve_split(root, split_name)
-    masks = {}
-    for part in ("train", "valid", "test"):
-        path = require_file(split_dir / f"{part}.csv.gz", part, _DOWNLOAD_FIX)
-        ids = _read_csv(path, part, np.int64)[:, 0]
-        if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
-            bad = int(ids.min() if ids.min() < 0 else ids.max())
-            raise fail(str(path), part, f"node id {bad} is outside [0, {num_nodes})", "re-download the dataset")
-        if not labeled[ids].all():
-            raise fail(str(path), part, f"lists {int((~labeled[ids]).sum())} node(s) whose label is NaN",
-                       "the split and node-label files disagree; re-download the dataset")
-        mask = np.zeros(num_nodes, dtype=bool)
-        mask[ids] = True
-        masks[part] = mask
-    return GraphDataset(
-        name=name or root.resolve().name, indptr=indptr, indices=indices, features=features, labels=labels,
-        train_masks=masks["train"], val_masks=masks["valid"], test_masks=masks["test"],
-        num_classes=num_classes, metric="accuracy", source=str(root),
-        extra={"num_unlabeled": int((~labeled).sum()), "split_name": split_dir.name},
-    )
+
+def _read_mask(split_dir: Path, part: str, num_nodes: int, labeled: np.ndarray) -> np.ndarray:
+    """bool [N] from ``split_dir/<part>.csv.gz``; every listed node must be in range and labelled."""
+    path = require_file(split_dir / f"{part}.csv.gz", part, _DOWNLOAD_FIX)
+    ids = _read_csv(path, part, np.int64)[:, 0]
+    if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
+        bad = int(ids.min() if ids.min() < 0 else ids.max())
+        raise fail(str(path), part, f"node id {bad} is outside [0, {num_nodes})", "re-download the dataset")
+    if not labeled[ids].all():
+        raise fail(str(path), part, f"lists {int((~labeled[ids]).sum())} node(s) whose label is NaN",
+                   "the split and node-label files disagree; re-download the dataset")
+    mask = np.zeros(num_nodes, dtype=bool)
+    mask[ids] = True
+    return mask
 
 
 def _read_csv(path: Path, field_name: str, dtype: type) -> np.ndarray:

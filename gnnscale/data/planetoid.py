@@ -129,40 +129,15 @@ def load_planetoid(data_dir: str | Path, *, name: str, row_normalize: bool = Tru
              for part in ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")}
     parts = {part: _read_part(paths[part], kind, what) for part, (kind, what) in _PARTS.items()}
     test_index = _read_test_index(paths["test.index"])
+    _check_parts_agree(parts, test_index, paths)
 
-    for a, b in (("x", "y"), ("allx", "ally"), ("tx", "ty")):
-        if parts[a].shape[0] != parts[b].shape[0]:
-            raise fail(str(paths[b]), b, f"{parts[b].shape[0]} label rows for {parts[a].shape[0]} rows of {a}",
-                       "the files do not belong together; re-download all of them")
-    for a, b in (("allx", "tx"), ("ally", "ty")):
-        if parts[a].shape[1] != parts[b].shape[1]:
-            raise fail(str(paths[b]), b, f"{parts[b].shape[1]} columns, but {a} has {parts[a].shape[1]}",
-                       "the files do not belong together; re-download all of them")
     num_train = parts["y"].shape[0]
     num_labeled = parts["allx"].shape[0]
     # Node ids run 0..max(test.index); ids in the test range missing from test.index
     # are CiteSeer's isolated nodes (see the module docstring).
     num_nodes = max(num_labeled, int(test_index.max()) + 1)
-    num_test = parts["tx"].shape[0]
-    if test_index.shape[0] != num_test or parts["ty"].shape[0] != num_test:
-        raise fail(str(paths["test.index"]), "test.index",
-                   f"{test_index.shape[0]} ids for {num_test} rows of tx and {parts['ty'].shape[0]} rows of ty",
-                   "the files do not belong together; re-download all of them")
-    if test_index.min() < num_labeled or np.unique(test_index).shape[0] != num_test:
-        raise fail(str(paths["test.index"]), "test.index",
-                   f"ids must be distinct and >= {num_labeled} (the rows of allx)", "re-download the file")
-
-    num_features = parts["allx"].shape[1]
-    features = np.zeros((num_nodes, num_features), dtype=np.float32)
-    features[:num_labeled] = _dense(parts["allx"])
-    features[test_index] = _dense(parts["tx"])
-    one_hot = np.zeros((num_nodes, parts["ally"].shape[1]), dtype=np.float32)
-    one_hot[:num_labeled] = parts["ally"]
-    one_hot[test_index] = parts["ty"]
+    features, one_hot = _scatter_rows(parts, test_index, num_nodes, row_normalize)
     labels = one_hot.argmax(axis=1)  # all-zero rows -> 0, as in PyG
-    if row_normalize:
-        row_sum = features.sum(axis=1, keepdims=True)
-        np.divide(features, row_sum, out=features, where=row_sum != 0)
 
     src, dst = _graph_edges(parts["graph"], str(paths["graph"]))
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(paths["graph"]), symmetrize=True)
@@ -177,8 +152,45 @@ def load_planetoid(data_dir: str | Path, *, name: str, row_normalize: bool = Tru
         name=name, indptr=indptr, indices=indices, features=features, labels=labels,
         train_masks=train, val_masks=val, test_masks=test, num_classes=int(one_hot.shape[1]),
         metric="accuracy", source=str(folder),
-        extra={"num_unlisted_test_range_nodes": int(num_nodes - num_labeled - num_test)},
+        extra={"num_unlisted_test_range_nodes": int(num_nodes - num_labeled - test_index.shape[0])},
     )
+
+
+def _check_parts_agree(parts: dict[str, Any], test_index: np.ndarray, paths: dict[str, Path]) -> None:
+    """Raise a :class:`DatasetError` unless the rows and columns of the eight files fit together."""
+    for a, b in (("x", "y"), ("allx", "ally"), ("tx", "ty")):
+        if parts[a].shape[0] != parts[b].shape[0]:
+            raise fail(str(paths[b]), b, f"{parts[b].shape[0]} label rows for {parts[a].shape[0]} rows of {a}",
+                       "the files do not belong together; re-download all of them")
+    for a, b in (("allx", "tx"), ("ally", "ty")):
+        if parts[a].shape[1] != parts[b].shape[1]:
+            raise fail(str(paths[b]), b, f"{parts[b].shape[1]} columns, but {a} has {parts[a].shape[1]}",
+                       "the files do not belong together; re-download all of them")
+    num_labeled = parts["allx"].shape[0]
+    num_test = parts["tx"].shape[0]
+    if test_index.shape[0] != num_test or parts["ty"].shape[0] != num_test:
+        raise fail(str(paths["test.index"]), "test.index",
+                   f"{test_index.shape[0]} ids for {num_test} rows of tx and {parts['ty'].shape[0]} rows of ty",
+                   "the files do not belong together; re-download all of them")
+    if test_index.min() < num_labeled or np.unique(test_index).shape[0] != num_test:
+        raise fail(str(paths["test.index"]), "test.index",
+                   f"ids must be distinct and >= {num_labeled} (the rows of allx)", "re-download the file")
+
+
+def _scatter_rows(parts: dict[str, Any], test_index: np.ndarray, num_nodes: int,
+                  row_normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Features float32 [N, F] and one-hot labels float32 [N, C], rows placed at their node ids."""
+    num_labeled = parts["allx"].shape[0]
+    features = np.zeros((num_nodes, parts["allx"].shape[1]), dtype=np.float32)
+    features[:num_labeled] = _dense(parts["allx"])
+    features[test_index] = _dense(parts["tx"])
+    one_hot = np.zeros((num_nodes, parts["ally"].shape[1]), dtype=np.float32)
+    one_hot[:num_labeled] = parts["ally"]
+    one_hot[test_index] = parts["ty"]
+    if row_normalize:
+        row_sum = features.sum(axis=1, keepdims=True)
+        np.divide(features, row_sum, out=features, where=row_sum != 0)
+    return features, one_hot
 
 
 def _read_part(path: Path, kind: type | tuple[type, ...], what: str) -> Any:
