@@ -10,8 +10,8 @@ copying row ``i`` keeps several rows' reads in flight, which is what this kernel
 The kernel is compiled with the system C compiler (``cc``) into a per-user cache the first
 time it is needed (well under a second) and loaded with ``ctypes``, which releases the GIL
 during the call, so loader threads gather in parallel.  Where no compiler exists or the build
-fails, :func:`gather_rows` falls back to ``torch.index_select`` (same result), and
-:func:`native_available` says which one runs.
+fails, :func:`gather_rows` falls back to ``torch.index_select`` (same result, slower) and logs
+one WARNING per process saying why; :func:`native_available` says which one runs.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ void gnnscale_gather_rows(const char *table, const int64_t *ids, int64_t n, int6
 }
 """
 
+_FALLBACK = ("gather kernel unavailable (%s): feature rows are gathered with torch.index_select instead "
+             "(same result, about a quarter less gather bandwidth); install a C compiler (cc) to get it back")
+
 _lock = threading.Lock()
 _kernel: ctypes._CFuncPtr | None = None
 _tried = False
@@ -65,7 +68,7 @@ def _cache_dir() -> Path:
 def _build() -> ctypes._CFuncPtr | None:
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
-        log.info("no C compiler found: feature rows are gathered with torch.index_select")
+        log.warning(_FALLBACK, "no C compiler: none of cc, gcc, clang is on PATH")
         return None
     digest = hashlib.sha256((_SOURCE + compiler).encode()).hexdigest()[:16]
     library = _cache_dir() / f"gather-{digest}.so"
@@ -78,7 +81,7 @@ def _build() -> ctypes._CFuncPtr | None:
             proc = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(source)],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
-                log.info("building the gather kernel failed (%s); using torch.index_select", proc.stderr.strip()[:200])
+                log.warning(_FALLBACK, f"{compiler} failed: {' '.join(proc.stderr.split())[:200]}")
                 return None
             os.replace(built, library)  # atomic: concurrent processes never load a half-written file
     function = ctypes.CDLL(str(library)).gnnscale_gather_rows
@@ -96,7 +99,7 @@ def _load() -> ctypes._CFuncPtr | None:
             try:
                 _kernel = _build()
             except OSError as error:  # unwritable cache, unloadable library: the fallback still works
-                log.info("gather kernel unavailable (%s); using torch.index_select", error)
+                log.warning(_FALLBACK, error)
                 _kernel = None
         return _kernel
 
