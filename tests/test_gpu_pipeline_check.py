@@ -6,7 +6,6 @@ Each run is a subprocess, as on the GPU machine; the whole file takes about 20 s
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -32,11 +31,7 @@ def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny folder written by `save` (which samples with DGL: skipped where DGL cannot load)."""
-    try:
-        importlib.import_module("dgl")
-    except Exception as error:  # noqa: BLE001 -- a too-new torch makes dgl fail with OSError/FileNotFoundError too
-        pytest.skip(f"`save` samples with DGL, which does not import here: {error}")
+    """A tiny folder written by `save` (which samples with `samplers`, pure numpy: it runs on any torch)."""
     folder = tmp_path_factory.mktemp("gpu_check") / "data"
     proc = run_script("save", "--out", str(folder), *TINY)
     assert proc.returncode == 0, proc.stderr

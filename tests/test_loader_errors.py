@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -11,7 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import import_dgl_or_skip
 from gnnscale.data.dataset import DatasetError
+from gnnscale.data.dgl_binary import DGLUnavailableError
 from gnnscale.data.loaders import load_dataset
 from gnnscale.data.planetoid import read_array_pickle
 
@@ -238,10 +241,22 @@ def test_dgl_folder_without_single_bin(tmp_path: Path, make_dgl_bin: Callable[..
         load_dataset("dgl", tmp_path)
 
 
-def test_dgl_missing_and_unreadable_file(tmp_path: Path) -> None:
-    pytest.importorskip("dgl")
+def test_dgl_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"g\.bin: graph: file not found; write the graph with dgl\.save_graphs"):
         load_dataset("dgl", tmp_path / "g.bin")
+
+
+def test_dgl_not_importable_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "dgl", None)  # `import dgl` now raises ImportError
+    (tmp_path / "g.bin").write_bytes(b"a graph")
+    with pytest.raises(DGLUnavailableError, match=r"g\.bin: dgl: .*needs dgl, which cannot be imported "
+                                                  r"\(ModuleNotFoundError: .*pip install 'gnnscale\[dgl\]'") as info:
+        load_dataset("dgl", tmp_path / "g.bin")
+    assert isinstance(info.value, ImportError) and "\n" not in str(info.value)
+
+
+def test_dgl_unreadable_file(tmp_path: Path) -> None:
+    import_dgl_or_skip()
     (tmp_path / "g.bin").write_bytes(b"not a graph")
     with pytest.raises(DatasetError, match=r"g\.bin: graph: cannot be read by dgl\.load_graphs"):
         load_dataset("dgl", tmp_path / "g.bin")

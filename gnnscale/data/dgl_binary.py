@@ -11,20 +11,23 @@ The graph's ``ndata`` must hold::
 ``save_graphs`` stores bool tensors as uint8, so masks are compared with zero rather
 than trusted to be bool.  Edges are taken as stored (DGL's citation datasets
 already hold both directions); pass ``symmetrize=True`` for a graph that stores each
-undirected edge once.  ``dgl`` is imported inside the loader: it is slow to import
-and cannot be imported at all on the GPU image.
+undirected edge once.  ``dgl`` is the optional ``[dgl]`` extra, imported inside the
+loader: it is slow to import, and its newest build imports only with torch <= 2.2.1.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-from gnnscale.data.dataset import GraphDataset, fail
+from gnnscale.data.dataset import DatasetError, GraphDataset, fail
 from gnnscale.data.loaders import check_features, check_labels, edges_to_csc, require_file
 
 _NDATA_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
+_INSTALL_FIX = ("install the extra, on Python 3.11: pip install 'gnnscale[dgl]' 'torch==2.2.1' 'numpy<2' "
+                "(dgl 2.1.0 imports only with torch<=2.2.1; scripts/dev.sh installs exactly that)")
 _SAVE_FIX = ("write the graph with dgl.save_graphs(path, [g]) after setting g.ndata['feat'], 'label', "
              "'train_mask', 'val_mask' and 'test_mask'")
 
@@ -45,7 +48,7 @@ def load_dgl_binary(data_dir: str | Path, *, graph_index: int = 0, symmetrize: b
     """
     path = _resolve_file(Path(data_dir))
     source = str(path)
-    import dgl  # noqa: PLC0415 - see the module docstring
+    dgl = _import_dgl(source)
 
     try:
         graphs, _ = dgl.load_graphs(source)
@@ -76,6 +79,20 @@ def load_dgl_binary(data_dir: str | Path, *, graph_index: int = 0, symmetrize: b
         train_masks=masks["train_mask"], val_masks=masks["val_mask"], test_masks=masks["test_mask"],
         num_classes=num_classes, metric="accuracy", source=source,
     )
+
+
+class DGLUnavailableError(DatasetError, ImportError):
+    """``dgl`` cannot be imported: a one-line :class:`DatasetError` (the CLIs print it and exit 2)."""
+
+
+def _import_dgl(source: str) -> ModuleType:
+    try:
+        import dgl  # noqa: PLC0415 - see the module docstring
+    except Exception as err:  # a too-new torch makes `import dgl` fail with OSError/FileNotFoundError too
+        first_line = next(iter(str(err).strip().splitlines()), "")
+        raise DGLUnavailableError(f"{source}: dgl: reading dgl.save_graphs files needs dgl, which cannot be "
+                                  f"imported ({type(err).__name__}: {first_line}); {_INSTALL_FIX}") from None
+    return dgl
 
 
 def _resolve_file(path: Path) -> Path:
