@@ -9,7 +9,8 @@
     --seed S                                                        seed of the synthetic graph (and of
                                                                     whatever else the command randomises)
 
-and ``dataset_from_args(args)`` turns them into a :class:`GraphDataset`.  Kept free of
+(``--data-dir`` and ``--seed`` as defined once in :mod:`gnnscale.options`), and
+``dataset_from_args(args)`` turns them into a :class:`GraphDataset`.  Kept free of
 heavy imports: a command that only partitions or verifies never imports torch or dgl
 unless its dataset format needs it.
 """
@@ -17,16 +18,16 @@ unless its dataset format needs it.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from gnnscale.data.dataset import GraphDataset
+from gnnscale.options import add_section
 
 DATASETS = ("synthetic", "cora", "citeseer", "tolokers", "dgl", "ogb", "edgelist")
 """The ``--dataset`` choices."""
 
 
 def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str | None = "synthetic") -> None:
-    """Add the common dataset options to ``parser`` (two argument groups).
+    """Add the common dataset options to ``parser`` (two argument groups: data, synthetic graph).
 
     Args:
         parser: the command's parser.
@@ -34,17 +35,15 @@ def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str | Non
             (``args.dataset`` is then ``None`` when the option is not given).
     """
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", choices=DATASETS, default=default, help="which loader to use")
-    data.add_argument("--data-dir", type=Path, help="folder (or file, for --dataset dgl) holding the data; "
-                      "not used by synthetic")
+    data.add_argument("--dataset", choices=DATASETS, default=default, help="which loader to use; all but "
+                      "synthetic read --data-dir (a file for dgl)")
+    add_section(parser, "data", group=data)
     data.add_argument("--split", type=int, default=0, help="which split to use, for datasets with several")
     syn = parser.add_argument_group("synthetic graph (community-structured, power-law degrees)")
     syn.add_argument("--num-nodes", type=int, default=100_000)
     syn.add_argument("--avg-degree", type=float, default=10.0)
     syn.add_argument("--num-classes", type=int, default=10)
     syn.add_argument("--feat-dim", type=int, default=100)
-    syn.add_argument("--seed", type=int, default=0, help="seed of the synthetic graph, and of everything else "
-                     "this command randomises")
 
 
 def dataset_from_args(args: argparse.Namespace) -> GraphDataset:

@@ -1,0 +1,205 @@
+"""One configuration for the training command lines: shared option sections, recipe files, unused options.
+
+``add_section(parser, "optimisation")`` adds a section's options, each defined once in
+:data:`OPTIONS`, so an option of one meaning has one name, help and default in every command.
+A command leaves out what it does not support (``without=``) and adds its own options to the
+returned group.  ``parse_with_recipe`` reads ``--config FILE``: a TOML table whose keys are the
+long option names without the leading dashes, spelt with dashes exactly as on the command line
+(``num-layers = 2``, ``fanouts = [-1, -1]``, ``residual = true``).  Explicit flags win over the
+file, the file over the defaults; a switch the file turns on cannot be turned off again.
+``warn_no_effect`` warns once about each given option that cannot matter for this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+log = logging.getLogger("gnnscale")
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "--data-dir": dict(type=Path, default=None, help="folder or file holding the data of --dataset"),
+    "--seed": dict(type=int, default=0, help="seed of everything the command randomises: the synthetic "
+                   "graph, initialisation, sampling, held-out nodes"),
+    "--epochs": dict(type=int, default=10, help="passes over the training data"),
+    "--lr": dict(type=float, help="Adam learning rate; the default is the model's"),
+    "--weight-decay": dict(type=float, default=5e-4, help="Adam L2 penalty"),
+    # Off by default: --epochs is then exactly what runs (the accuracy table's recipes were measured so,
+    # without --patience); the best validation epoch is kept either way, early stopping only saves time.
+    "--patience": dict(type=int, default=0, help="stop after this many evaluations without a better validation "
+                       "score; 0 = off (the best epoch is kept either way)"),
+    "--eval-every": dict(type=int, default=1, help="epochs between evaluations"),
+    "--device": dict(default="cpu", help="cpu or cuda[:N]; under torchrun cuda means cuda:<local rank>"),
+    "--num-workers": dict(type=int, default=1, help="loader threads that sample and gather batches ahead of "
+                          "training; 0 = in the training thread"),
+    "--prefetch": dict(type=int, default=2, help="batches prepared ahead of training (beyond those the workers "
+                       "hold)"),
+    "--features-on-device": dict(action="store_true", help="keep the whole feature table on the device and send "
+                                 "only ids (cuda)"),
+    "--no-keep-freed-memory": dict(dest="keep_freed_memory", action="store_false", help="return freed memory to "
+                                   "the system after every step (slower: pages fault in again)"),
+    # 120 s, not 60: a false alarm kills a healthy job, while a real failure is only noticed a minute
+    # later; rank 0 alone partitioning, evaluating or checkpointing can keep the others waiting.
+    "--failure-timeout": dict(type=float, default=120.0, help="seconds without an answer after which a rank is "
+                              "declared dead or hung and the others stop, naming it"),
+    "--out": dict(type=Path, default=None, help="run folder for metrics.json (and checkpoint.pt, with "
+                  "--checkpoint-every); None = a folder under runs/ named after dataset, model, seed and ranks"),
+    "--resume": dict(action="store_true", help="continue from <out>/checkpoint.pt if it exists (use with torchrun "
+                     "--max-restarts)"),
+    "--checkpoint-every": dict(type=int, default=1, help="epochs between checkpoints; 0 = never"),
+    "--config": dict(type=Path, default=None, metavar="RECIPE.toml", help="read options from a TOML recipe "
+                     "(keys: the long option names, e.g. num-layers = 2); options given here override it"),
+    "--quiet": dict(action="store_true", help="log only warnings and the final result; no progress lines"),
+}
+"""Every option shared by the commands, by name: ``add_argument`` keywords."""
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "data": ("--data-dir", "--seed"),
+    "optimisation": ("--epochs", "--lr", "--weight-decay", "--patience", "--eval-every", "--device"),
+    "loader": ("--num-workers", "--prefetch", "--features-on-device", "--no-keep-freed-memory"),
+    "distributed": ("--failure-timeout",),
+    "checkpoint": ("--out", "--resume", "--checkpoint-every"),
+    "run": ("--config", "--quiet"),
+}
+"""Section title -> its shared options, in help order."""
+
+PER_MODEL = frozenset({"lr"})
+"""Destinations whose default each command sets for its model (through ``add_section(..., lr=...)``)."""
+
+
+def add_section(parser: argparse.ArgumentParser, section: str, *, group: Any = None, without: Iterable[str] = (),
+                **defaults: Any) -> Any:
+    """Add the options of ``section`` (a :data:`SECTIONS` key) and return their argument group.
+
+    Args:
+        parser: the command's parser.
+        section: which section; also the group's title.
+        group: an argument group to add to instead of a new one (the command's own options first).
+        without: options of the section this command does not support.
+        defaults: defaults of the :data:`PER_MODEL` options, by destination, e.g. ``lr=0.01``.
+    """
+    assert set(defaults) <= PER_MODEL, f"only {sorted(PER_MODEL)} have per-model defaults, got {sorted(defaults)}"
+    group = parser.add_argument_group(section) if group is None else group
+    for name in SECTIONS[section]:
+        if name not in without:
+            kwargs = dict(OPTIONS[name])
+            dest = kwargs.get("dest", name[2:].replace("-", "_"))
+            if dest in defaults:
+                kwargs["default"] = defaults[dest]
+            assert "default" in kwargs or "action" in kwargs, f"{name} needs a per-model default"
+            group.add_argument(name, **kwargs)
+    return group
+
+
+def recipe_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
+    """The command-line arguments a TOML recipe stands for, checked against ``parser``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not TOML, an unknown key, or a value the option refuses (naming key and file).
+    """
+    try:
+        table = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path} is not valid TOML: {err}") from None
+    actions = {name[2:]: action for name, action in _long_options(parser).items() if name != "--config"}
+    argv = []
+    for key, value in table.items():
+        if key not in actions:
+            raise ValueError(f"unknown key {key!r} in {path}; valid keys: {', '.join(sorted(actions))}")
+        if actions[key].nargs == 0:
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} in {path} is a switch: write {key} = true, or leave it out")
+            argv += [f"--{key}"] if value else []
+        else:
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            argv.append(f"--{key}={text}")  # one token, so "-1,-1" is not taken for an option
+    exit_on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        parser.parse_known_args(argv)
+    except argparse.ArgumentError as err:
+        raise ValueError(f"{path}: {err}") from None
+    finally:
+        parser.exit_on_error = exit_on_error
+    return argv
+
+
+def parse_with_recipe(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv`` over the recipe its ``--config`` names, if any: command line > recipe > defaults.
+
+    Raises:
+        FileNotFoundError, ValueError: from :func:`recipe_argv`.
+    """
+    args = parser.parse_args(argv)
+    if args.config is None:
+        return args
+    return parser.parse_args([*recipe_argv(args.config, parser), *argv])
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    """A given ``option`` has no effect when ``when(args, world_size)`` holds, for ``reason``."""
+
+    option: str
+    when: Callable[[argparse.Namespace, int], bool]
+    reason: str
+
+
+def given_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> set[str]:
+    """Destinations whose value differs from the parser's default: given on the command line or in a recipe."""
+    defaults = vars(parser.parse_args([]))
+    return {dest for dest, value in vars(args).items() if value != defaults.get(dest)}
+
+
+def warn_no_effect(parser: argparse.ArgumentParser, args: argparse.Namespace, rules: Iterable[NoEffect], *,
+                   world_size: int) -> list[str]:
+    """``log.warning`` once per given option that a rule says has no effect; returns those options."""
+    given, warned = given_options(parser, args), []
+    for rule in rules:
+        dest = _long_options(parser)[rule.option].dest
+        if dest in given and rule.option not in warned and rule.when(args, world_size):
+            log.warning("%s has no effect: %s", rule.option, rule.reason)
+            warned.append(rule.option)
+    return warned
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[[argparse.Namespace], Any],
+                rules: Iterable[NoEffect]) -> int:
+    """A training command's ``main``: parse (with ``--config``), warn on rank 0, ``run(args)``; the exit status.
+
+    User errors (``ValueError``, ``FileNotFoundError``) end as one ``error:`` line and status 2.
+    """
+    from gnnscale import interrupt
+    from gnnscale.distributed.env import read_env
+    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+
+    try:
+        args = parse_with_recipe(parser, argv)
+        logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+        env = read_env()
+        if env.is_main:  # every rank sees the same options: one warning is enough
+            warn_no_effect(parser, args, rules, world_size=env.world_size)
+        interrupt.install()
+        run(args)
+    except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PEER_FAILURE
+    except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
+        print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
+def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    # argparse keeps its option table private; it is the one complete list of what a command accepts.
+    return {name: action for name, action in parser._option_string_actions.items()
+            if name.startswith("--") and name != "--help"}
