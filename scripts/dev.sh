@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One-command set-up and run.  Creates (or reuses) .venv in the repository root,
-# installs gnnscale with its pinned dependencies, then runs what was asked:
+# installs gnnscale with the full test stack (torch 2.2.1 + dgl 2.1.0, pinned in
+# scripts/constraints-full.txt), then runs what was asked:
 #
 #   scripts/dev.sh demo [train options]   partition the built-in synthetic graph in two and train on
 #                                         2 ranks under torchrun; prints the test accuracy
 #   scripts/dev.sh test [pytest options]  run the test suite
 #
-# The install is skipped when .venv already matches pyproject.toml (a hash stamp).
+# The install is skipped when .venv already matches pyproject.toml and the constraints (a hash stamp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,13 +18,14 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
     exit 2
 fi
 
+constraints=scripts/constraints-full.txt
 stamp=.venv/.gnnscale-install-stamp
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(sha256sum pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "[dev.sh] installing gnnscale and its pinned dependencies into .venv (first time: ~2.5 GB, a few minutes)"
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[test]"
+    .venv/bin/python -m pip install --quiet -c "$constraints" -e ".[test,dgl]"
     echo "$want" > "$stamp"
 fi
 
