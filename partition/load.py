@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from gnnscale.data.dataset import GraphDataset
 from partition.book import PartitionBook
 from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file, read_manifest
 
@@ -166,3 +167,19 @@ def _record(manifest: dict, rel: str, dtype: str, shape: list[int]) -> dict:
         raise PartitionError(f"manifest.json: {rel} is recorded as {record.get('dtype')} {record.get('shape')}, "
                              f"but the partition's counts imply {dtype} {shape}; the manifest is inconsistent")
     return record
+
+
+def whole_graph_partition(dataset: GraphDataset) -> Partition:
+    """The one-part partition of ``dataset``, in memory: what a world of one trains on.
+
+    Identity ids, as ``python -m partition --num-parts 1`` writes them (a stable relabelling of
+    one part keeps every id), so a plain run and a run on a 1-part folder see the same graph.
+    """
+    n = dataset.num_nodes
+    ids = np.arange(n, dtype=np.int64)
+    book = PartitionBook(offsets=np.array([0, n], dtype=np.int64), orig2new=ids, orig_ids=lambda part: ids)
+    return Partition(part=0, book=book, indptr=dataset.indptr, indices=dataset.indices,
+                     halo_ids=np.empty(0, dtype=np.int64), orig_ids=ids, features=dataset.features,
+                     labels=dataset.labels, train_masks=dataset.train_masks, val_masks=dataset.val_masks,
+                     test_masks=dataset.test_masks, num_classes=dataset.num_classes, metric=dataset.metric,
+                     manifest={"dataset": {"name": dataset.name}})

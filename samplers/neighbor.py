@@ -1,63 +1,26 @@
-"""Multi-layer neighbour sampling on DGL's C++ kernels, returning plain-tensor :class:`MiniBatch` es."""
+"""Multi-layer neighbour sampling in vectorised numpy: the one kernel of every run, 1 to N ranks.
+
+:func:`sample_in_edges` draws a node's neighbours from a CSC graph with an explicit
+``numpy.random.Generator``, so a batch's sample is a function of (graph, seeds, generator)
+alone: the same on any thread, with any number of loader workers.  :class:`NeighborSampler`
+applies it layer by layer on one graph; :class:`samplers.distributed.DistNeighborSampler`
+applies it on each owner's partition.  Both build blocks with :func:`make_block`.
+"""
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
-# DGL prints a backend notice on import unless told which backend to use; the choice is not a setting of ours.
-os.environ.setdefault("DGLBACKEND", "pytorch")
-import dgl  # noqa: E402
+from gnnscale.batch import Block, MiniBatch
 
-from gnnscale.batch import Block, MiniBatch  # noqa: E402
-from gnnscale.pipeline.loader import batch_rng, epoch_order, split_batches  # noqa: E402
-
-# Per-thread sampling state: the default generator and compact()'s position table.
+# Per-thread scratch space: compact()'s position table.
 _scratch = threading.local()
-
-
-@contextmanager
-def dgl_single_thread() -> Iterator[None]:
-    """Run DGL's random kernels on the calling thread only.
-
-    DGL seeds each OpenMP thread's random engine with ``seed + index``, where the index is
-    handed out in the order threads first touch the engine: with several threads that order is
-    a race, and one seed samples differently from run to run (observed: a two-process digest
-    test that failed about one time in three under load).  One thread keeps a seed's batches
-    identical; parallel sampling comes from ranks and prefetch workers instead.
-    """
-    previous = dgl.utils.get_num_threads()
-    if previous == 1:
-        yield
-        return
-    dgl.utils.set_num_threads(1)
-    try:
-        yield
-    finally:
-        dgl.utils.set_num_threads(previous)
-
-
-def seed_sampling(seed: int) -> None:
-    """Seed the calling thread's sampling: the random stream :meth:`NeighborSampler.sample` uses when
-    it is given no generator, and DGL's kernels (the distributed sampler's; see :func:`dgl_single_thread`)."""
-    _scratch.rng = np.random.default_rng(seed)
-    with dgl_single_thread():
-        dgl.seed(seed)
-
-
-def thread_rng() -> np.random.Generator:
-    """The calling thread's default sampling generator (seeded by :func:`seed_sampling`, else with 0)."""
-    rng = getattr(_scratch, "rng", None)
-    if rng is None:
-        rng = _scratch.rng = np.random.default_rng(0)
-    return rng
 
 
 @dataclass(kw_only=True)
@@ -91,13 +54,6 @@ class SamplerConfig:
 class NeighborSampler:
     """Samples in-neighbours layer by layer, seeds outward, on a CSC graph.
 
-    Sampling is vectorised numpy driven by an explicit ``numpy.random.Generator``, so a batch's
-    sample is a function of (graph, seeds, generator state) alone: the same on any thread, with
-    any number of loader workers.  (DGL's kernel seeds each thread's engine with ``seed`` plus an
-    index handed out in the order threads first draw, so with several sampling threads one seed
-    gave different batches from run to run.)  It is also faster than DGL's ``sample_neighbors``
-    plus ``to_block`` on the benchmark graph (see ``scripts/bench_single_process.py``).
-
     Args:
         indptr: int64 [num_nodes + 1] CSC offsets.
         indices: int64 [num_edges] source of each in-edge.
@@ -106,64 +62,83 @@ class NeighborSampler:
 
     def __init__(self, indptr: np.ndarray | Tensor, indices: np.ndarray | Tensor, config: SamplerConfig) -> None:
         self.config = config
-        indptr = torch.as_tensor(indptr, dtype=torch.int64)
-        indices = torch.as_tensor(indices, dtype=torch.int64)
-        self.num_nodes = indptr.numel() - 1
-        self.indptr, self.indices = indptr, indices
-        self._indptr_np, self._indices_np = indptr.numpy(), indices.numpy()
-        self.degree = (indptr[1:] - indptr[:-1]).to(torch.float32)
+        self.indptr = torch.as_tensor(indptr, dtype=torch.int64)
+        self.indices = torch.as_tensor(indices, dtype=torch.int64)
+        self.num_nodes = self.indptr.numel() - 1
+        self.degree = (self.indptr[1:] - self.indptr[:-1]).to(torch.float32)
 
-    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None,
-               rng: np.random.Generator | None = None) -> MiniBatch:
-        """Sample the computation graph of ``seeds`` (int64 [batch]) with ``fanouts`` (default: the config's),
-        drawing from ``rng`` (default: the calling thread's generator, see :func:`seed_sampling`)."""
+    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator) -> MiniBatch:
+        """The computation graph of ``seeds`` (int64 [batch]) with ``fanouts`` (default: the config's),
+        drawing from ``rng``."""
         fanouts = list(self.config.fanouts if fanouts is None else fanouts)
-        rng = thread_rng() if rng is None else rng
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
         blocks: list[Block] = []
         dst = seeds
         for fanout in reversed(fanouts):
-            src, counts = self.sample_in_edges(dst, fanout, rng)
-            # Our own compaction instead of dgl.to_block: DGL's parallel hash map numbers new source
-            # nodes in a thread-dependent order, so two identical runs would train on permuted blocks.
-            src_ids, local_src = compact(dst, src)
-            indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-            torch.cumsum(counts, 0, out=indptr[1:])
-            block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel())
-            if self.config.self_loops:
-                block = add_self_loops(block)
-            if self.config.gcn_norm:
-                block.edge_weight = gcn_weights(block, self.degree[block.src_ids])
+            src, counts = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
+                                          self.config.replace, rng)
+            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids])
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
 
-    def sample_in_edges(self, dst: Tensor, fanout: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
-        """Sampled in-edges of ``dst``, grouped by destination in ``dst``'s order:
-        ``(src int64 [E], counts int64 [num_dst])``.  ``fanout == -1`` takes every in-edge in CSC order."""
-        starts = self._indptr_np[dst.numpy()]
-        degree = self._indptr_np[dst.numpy() + 1] - starts
-        replace = self.config.replace and fanout != -1
-        if fanout == -1:
-            counts = degree
-        elif replace:
-            counts = np.where(degree > 0, fanout, 0)
-        else:
-            counts = np.minimum(degree, fanout)
-        total = int(counts.sum())
-        first = np.cumsum(counts) - counts
-        # Each edge's position inside its destination's CSC segment; taking every edge is 0..count-1.
-        if replace:
-            position = (rng.random(total) * np.repeat(degree, counts)).astype(np.int64)
-        else:
-            position = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
-        if not replace and fanout != -1:
-            wide = np.flatnonzero(degree > fanout)
-            if wide.size:
-                slots = first[wide, None] + np.arange(fanout)
-                position[slots] = sample_without_replacement(degree[wide], fanout, rng)
-        src = self._indices_np[np.repeat(starts, counts) + position]
-        return torch.from_numpy(src), torch.from_numpy(counts)
+
+def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fanout: int, replace: bool,
+                    rng: np.random.Generator) -> tuple[Tensor, Tensor]:
+    """Sampled in-edges of the local nodes ``dst``, grouped by destination in ``dst``'s order.
+
+    Args:
+        indptr, indices: the CSC graph (int64 numpy arrays).
+        dst: int64 [num_dst] rows of ``indptr`` to sample (repeats are sampled independently).
+        fanout: neighbours per destination; ``-1`` takes every in-edge in CSC order.
+
+    Returns:
+        ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``.
+    """
+    starts = indptr[dst]
+    degree = indptr[dst + 1] - starts
+    replace = replace and fanout != -1
+    if fanout == -1:
+        counts = degree
+    elif replace:
+        counts = np.where(degree > 0, fanout, 0)
+    else:
+        counts = np.minimum(degree, fanout)
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts
+    # Each edge's position inside its destination's CSC segment; taking every edge is 0..count-1.
+    if replace:
+        position = (rng.random(total) * np.repeat(degree, counts)).astype(np.int64)
+    else:
+        position = np.arange(total, dtype=np.int64) - np.repeat(first, counts)
+    if not replace and fanout != -1:
+        wide = np.flatnonzero(degree > fanout)
+        if wide.size:
+            slots = first[wide, None] + np.arange(fanout)
+            position[slots] = sample_without_replacement(degree[wide], fanout, rng)
+    src = indices[np.repeat(starts, counts) + position]
+    return torch.from_numpy(src), torch.from_numpy(counts)
+
+
+def make_block(dst: Tensor, src: Tensor, counts: Tensor, config: SamplerConfig,
+               degrees: Callable[[Tensor], Tensor] | None) -> Block:
+    """Compact ``(dst, src, counts)`` into a block, with self-loops and GCN weights as ``config`` asks.
+
+    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only).
+    """
+    # Our own compaction instead of dgl.to_block: a parallel hash map numbers new source nodes in
+    # a thread-dependent order, so two identical runs would train on permuted blocks.
+    src_ids, local_src = compact(dst, src)
+    indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel())
+    if config.self_loops:
+        block = add_self_loops(block)
+    if config.gcn_norm:
+        if degrees is None:
+            raise ValueError("gcn_norm needs the full-graph degrees of the sampled nodes")
+        block.edge_weight = gcn_weights(block, degrees(block.src_ids).to(torch.float32))
+    return block
 
 
 def sample_without_replacement(population: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -265,42 +240,3 @@ def add_self_loops(block: Block) -> Block:
     indices[is_self] = torch.arange(num_dst)
     indices[~is_self] = block.indices
     return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst)
-
-
-class NodeLoader:
-    """Iterates over mini-batches of ``seeds`` in a shuffled (or fixed) order, sampling in the calling thread.
-
-    The batches are those of a :class:`gnnscale.pipeline.PrefetchLoader` with the same seeds,
-    batch size and seed: the same order (:func:`gnnscale.pipeline.epoch_order`) and the same
-    per-batch generators (:func:`gnnscale.pipeline.batch_rng`).
-
-    Args:
-        sampler: the neighbour sampler.
-        seeds: int64 [num_seeds] node ids to cover once per epoch.
-        batch_size: seeds per mini-batch (the last batch may be smaller).
-        shuffle: reshuffle the seeds each epoch.
-        seed: seeds the order and the sampling of every epoch.
-        fanouts: override the sampler's fanouts (e.g. ``[-1]`` for one full-neighbour hop).
-    """
-
-    def __init__(self, sampler: NeighborSampler, seeds: Tensor, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0, fanouts: Sequence[int] | None = None) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.sampler = sampler
-        self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.fanouts = fanouts
-        self.epoch = 0
-
-    def __len__(self) -> int:
-        return (self.seeds.numel() + self.batch_size - 1) // self.batch_size
-
-    def __iter__(self) -> Iterator[MiniBatch]:
-        epoch = self.epoch
-        self.epoch += 1
-        order = epoch_order(self.seeds, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
-        for index, seeds in enumerate(split_batches(order, self.batch_size, drop_last=False)):
-            yield self.sampler.sample(seeds, self.fanouts, batch_rng(self.seed, epoch, index))

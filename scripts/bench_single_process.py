@@ -19,7 +19,7 @@ loader workers:
   same example's layer-wise full-neighbour inference, which is also what ours does.
 * **dgl-alloc** (``--sides`` default includes it): the DGL side again, launched with glibc's
   ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` set to what
-  ``gnnscale.pipeline.keep_freed_memory`` sets inside our trainer.  It shows how much of the
+  ``gnnscale.pipeline.keep_freed_memory`` sets for our side.  It shows how much of the
   difference is that allocator setting alone (a user of DGL can set it by hand).
 
 The graph is generated once and saved as ``.npy`` files in a temporary folder; every
@@ -76,8 +76,10 @@ import dgl  # noqa: E402
 from gnnscale.data.dataset import GraphDataset  # noqa: E402
 from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic  # noqa: E402
 from gnnscale.nn import ModelConfig  # noqa: E402
-from gnnscale.train.node_classification import NodeClassificationTrainer, TrainConfig  # noqa: E402
-from gnnscale.pipeline import LoaderConfig, PrefetchLoader  # noqa: E402
+from gnnscale.distributed.env import DistEnv, init_runtime  # noqa: E402
+from gnnscale.pipeline import LoaderConfig, PrefetchLoader, keep_freed_memory  # noqa: E402
+from gnnscale.train.trainer import Trainer, TrainConfig  # noqa: E402
+from partition.load import whole_graph_partition  # noqa: E402
 from samplers import SamplerConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,21 +189,22 @@ def profile_call(fn, top: int) -> str:
 
 
 class OursSide:
-    """Our pipeline: NeighborSampler + PrefetchLoader (worker threads) + NodeClassificationTrainer."""
+    """Our pipeline: the sampling kernel + PrefetchLoader (worker threads) + the Trainer, in a world of one."""
 
     def __init__(self, data: dict[str, np.ndarray], num_classes: int, seed: int, workers: int) -> None:
         dataset = GraphDataset(name="synthetic", indptr=data["indptr"], indices=data["indices"],
                                features=data["features"], labels=data["labels"], train_masks=data["train_mask"],
                                val_masks=data["val_mask"], test_masks=data["test_mask"], num_classes=num_classes)
-        self.trainer = NodeClassificationTrainer(
-            dataset, split=0,
+        keep_freed_memory()  # what the training command does in main()
+        self.trainer = Trainer(
+            whole_graph_partition(dataset), init_runtime(DistEnv()), split=0,
             model_config=ModelConfig(model="sage", num_layers=len(FANOUTS), hidden=HIDDEN, dropout=DROPOUT),
             sampler_config=SamplerConfig(fanouts=FANOUTS),
             config=TrainConfig(batch_size=BATCH_SIZE, lr=LR, weight_decay=WEIGHT_DECAY,
                                eval_batch_size=EVAL_BATCH_SIZE, seed=seed, num_workers=workers))
         trainer = self.trainer
-        self.loader = trainer.make_loader()
-        self.sample_loader = PrefetchLoader(trainer.sampler.sample, trainer.train_ids, trainer.features,
+        self.loader, self.epoch = trainer.loader, 0
+        self.sample_loader = PrefetchLoader(trainer.sampler.sample, trainer.train_ids, trainer.features.rows,
                                             trainer.labels, LoaderConfig(batch_size=BATCH_SIZE, num_workers=workers,
                                                                          seed=seed, gather_features=False))
 
@@ -221,8 +224,9 @@ class OursSide:
         return count, seconds
 
     def train_epoch(self) -> float:
-        loss = self.trainer.train_epoch(self.loader)
-        self.times.append(dict(self.trainer.last_times))
+        self.epoch += 1
+        loss, times = self.trainer.train_epoch(self.epoch)
+        self.times.append(times)
         return loss
 
     def val_accuracy(self) -> float:

@@ -28,7 +28,7 @@ with ``samplers.NeighborSampler`` (batch ``i`` drawn with ``batch_rng(seed, 0, i
   is saved batch ``i``, so the loader only gathers rows, it does not sample), feeding a
   ``DeviceFeeder`` that copies each batch on a side stream while the previous one trains a
   GraphSAGE ``GNN`` (hidden 256, one layer per fanout) with Adam -- the loop of
-  ``NodeClassificationTrainer.train_epoch``, ``loss.item()`` every step included;
+  ``Trainer.train_epoch``, ``loss.item()`` every step included;
 * **features on device**: the same with the feature table on the device
   (``DeviceFeeder(device, device_features=table)``, ``gather_features=False``): only ids and
   block structure cross the bus.
@@ -320,7 +320,7 @@ class TimedFeeder(DeviceFeeder):
 
 def train_epoch(model: GNN, optimizer: torch.optim.Optimizer, feeder: TimedFeeder, loader: PrefetchLoader,
                 device: torch.device) -> dict:
-    """One pass, as ``NodeClassificationTrainer.train_epoch`` does it, with the device's busy time measured."""
+    """One pass, as ``Trainer.train_epoch`` does it, with the device's busy time measured."""
     cuda = device.type == "cuda"
     feeder.reset()
     model.train()

@@ -87,8 +87,7 @@ def reference(parts: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_single_node_run_writes_metrics(reference: dict) -> None:
     assert reference["world_size"] == 2 and reference["epochs_run"] == 3
     assert reference["test"] > 0.5  # 10 classes: chance is 0.1
-    for key in ("sample_seconds", "fetch_seconds", "compute_seconds", "wait_seconds", "bytes_sent",
-                "cache_hit_rate"):
+    for key in ("sample_s", "gather_s", "compute_s", "wait_s", "bytes_sent", "cache_hit_rate"):
         assert key in reference["history"][0], key
     assert reference["history"][0]["bytes_sent"] > 0
 
@@ -131,6 +130,18 @@ def test_world_size_must_equal_the_number_of_partitions(parts: Path, tmp_path: P
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {parts} holds 2 partition(s) but this job has "
                                                            f"1 rank(s)")
+
+
+def test_torchrun_without_partitions_partitions_first_like_the_cli(parts: Path, reference: dict,
+                                                                  tmp_path: Path) -> None:
+    command = [TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN, "--dataset", "synthetic", "--num-nodes", "8000",
+               "--feat-dim", "16", "--out", str(tmp_path), *TRAIN_ARGS, "--epochs", "3"]
+    done = run(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / "partitions" / "manifest.json").read_text())
+    by_hand = json.loads((parts / "manifest.json").read_text())
+    assert {k: v["sha256"] for k, v in written["files"].items()} == {k: v["sha256"] for k, v in by_hand["files"].items()}
+    same_run(metrics(tmp_path), reference)
 
 
 def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float) -> None:

@@ -1,4 +1,4 @@
-"""The trainer's input gather: table-ordered rows with a renumbered first block compute what the plain gather does."""
+"""The distributed feature store's batch gather: table-ordered rows with a renumbered first block compute what the plain gather does."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import torch
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.feature_store import DistTable
 from gnnscale.nn import GNN, ModelConfig
-from gnnscale.train.distributed import BufferRing, gather_inputs
 from samplers import NeighborSampler, SamplerConfig
-from samplers.neighbor import seed_sampling
 
 
 def graph(num_nodes: int = 400, num_edges: int = 4000) -> tuple[np.ndarray, np.ndarray]:
@@ -27,27 +25,16 @@ def test_renumbered_first_block_gives_the_same_logits(model: str) -> None:
     indptr, indices = graph()
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[5, 3], gcn_norm=model == "gcn",
                                                              self_loops=model != "sage"))
-    seed_sampling(0)
-    batch = sampler.sample(torch.arange(0, 400, 7))
+    batch = sampler.sample(torch.arange(0, 400, 7), rng=np.random.default_rng(0))
     features = torch.randn(400, 12)
     table = DistTable(features, torch.tensor([0, 400]), Exchanger(None, 0, 1))
     torch.manual_seed(0)
     net = GNN(ModelConfig(model=model, num_layers=2, hidden=8, heads=2), 12, 3).eval()
     expected = net(batch.blocks, features[batch.input_ids])
-    renumbered, x = gather_inputs(table, batch, BufferRing(2))
+    renumbered, x = table.gather_batch(batch, lambda rows, like: like.new_empty((rows, *like.shape[1:])))
     assert renumbered.blocks[0].num_src == batch.blocks[0].num_src + batch.blocks[0].num_dst
     assert torch.equal(x, features[renumbered.blocks[0].src_ids])  # every row is its node's row
     assert torch.allclose(net(renumbered.blocks, x), expected, atol=1e-5)
-
-
-def test_buffer_ring_reuses_a_buffer_only_after_size_takes() -> None:
-    ring = BufferRing(3)
-    template = torch.empty(0, 4)
-    first = ring.take(10, template)
-    others = [ring.take(10, template) for _ in range(2)]
-    assert all(o.data_ptr() != first.data_ptr() for o in others)
-    assert ring.take(8, template).data_ptr() == first.data_ptr()  # the fourth take reuses the first buffer
-    assert ring.take(100, template).shape == (100, 4)  # grows when a batch is larger
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -56,7 +43,7 @@ def test_sage_and_gcn_aggregate_in_either_order_with_the_same_result(requires_gr
     from gnnscale.nn.sage import SAGEConv
 
     indptr, indices = graph()
-    batch = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1])).sample(torch.arange(50))
+    batch = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1])).sample(torch.arange(50), rng=np.random.default_rng(0))
     x = torch.randn(batch.blocks[0].num_src, 32)
     for conv in (SAGEConv(32, 4), GCNConv(32, 4)):
         reference = conv(batch.blocks[0], x.detach().requires_grad_(True))  # projects first (narrowing, grad)
@@ -80,22 +67,11 @@ def test_torchrun_environment_is_read_once_and_checked() -> None:
         read_env(full | {"RANK": "2"})
 
 
-def test_dist_config_rejects_bad_values() -> None:
-    from gnnscale.train.distributed import DistConfig
-
-    with pytest.raises(ValueError, match="cache_mb must be >= 0"):
-        DistConfig(cache_mb=-1)
-    with pytest.raises(ValueError, match="cache_policy must be 'degree' or 'presample'"):
-        DistConfig(cache_policy="lru")
-    with pytest.raises(ValueError, match="prefetch must be >= 0"):
-        DistConfig(prefetch=-1)
-
-
-def test_epoch_seeds_differ_by_rank_and_epoch_and_fit_dgl() -> None:
-    from gnnscale.train.distributed import epoch_seed
+def test_epoch_seeds_differ_by_rank_and_epoch() -> None:
+    from gnnscale.train.trainer import epoch_seed
 
     seeds = {epoch_seed(0, e, r) for e in range(5) for r in range(4)}
-    assert len(seeds) == 20 and all(0 <= s < 2**31 for s in seeds)
+    assert len(seeds) == 20 and all(0 <= s < 2**32 for s in seeds)
     assert epoch_seed(0, 1, 0) == epoch_seed(0, 1, 0)
 
 

@@ -1,7 +1,7 @@
 """Distributed training on gloo ranks: single-process accuracy, and each rank holding only its partition.
 
 One spawned job per partition folder trains every run of a comparison in a loop (the
-runtime is joined once, a trainer is built per run): importing torch and DGL in four
+runtime is joined once, a trainer is built per run): importing torch in four
 processes on two cores costs more than a short run.  Single-process references run in
 the test process.  The recipes are those of ``scripts/accuracy_table.py``, parsed by the
 training command line, so a change of recipe changes both sides.
@@ -59,8 +59,8 @@ def recipe_argv(recipe: str, *, epochs: int | None = None, **run: int) -> list[s
     return argv
 
 
-def configs_from_argv(argv: list[str]) -> tuple[Any, Any, Any]:
-    """``(model, sampler, train)`` configs exactly as ``train_node_classification.py`` builds them."""
+def configs_from_argv(argv: list[str]) -> tuple[Any, Any, Any, Any]:
+    """``(model, sampler, train, cache)`` configs exactly as ``train_node_classification.py`` builds them."""
     from gnnscale.train.cli import _join_negative_fanouts, build_configs, build_parser
 
     return build_configs(build_parser().parse_args(_join_negative_fanouts(argv)))
@@ -74,7 +74,7 @@ def split_of(argv: list[str]) -> int:
 def train_runs(rank: int, part_dir: str, runs: list[list[str]], inspect: bool = False) -> list[dict[str, Any]]:
     """Train each run (a recipe's argv) on partition ``rank``; the score, and optionally what the rank holds."""
     from gnnscale.distributed.env import init_runtime, read_env
-    from gnnscale.train.distributed import DistConfig, DistNodeClassificationTrainer
+    from gnnscale.train.trainer import Trainer
     from partition.load import load_partition
 
     part = load_partition(part_dir, rank)
@@ -82,11 +82,10 @@ def train_runs(rank: int, part_dir: str, runs: list[list[str]], inspect: bool = 
     results = []
     try:
         for argv in runs:
-            model_config, sampler_config, train_config = configs_from_argv(argv)
+            model_config, sampler_config, train_config, cache_config = configs_from_argv(argv)
             start = time.perf_counter()
-            trainer = DistNodeClassificationTrainer(part, runtime, split=split_of(argv), model_config=model_config,
-                                                    sampler_config=sampler_config, config=train_config,
-                                                    dist_config=DistConfig(checkpoint_every=0))
+            trainer = Trainer(part, runtime, split=split_of(argv), model_config=model_config,
+                              sampler_config=sampler_config, config=train_config, cache_config=cache_config)
             result = trainer.fit()
             record = {"val": result.val, "test": result.test, "seconds": time.perf_counter() - start}
             if inspect:
@@ -102,7 +101,7 @@ def resident_report(trainer: Any, part: Any) -> dict[str, Any]:
     return {
         "num_nodes": part.book.num_nodes, "whole_num_edges": int(part.manifest["num_edges"]),
         "part_num_edges": part.num_edges, "num_owned": part.num_nodes, "num_halo": part.num_halo,
-        "graph_indices": trainer.graph.indices.numel(), "dgl_edges": int(trainer.graph.graph.num_edges()),
+        "graph_indices": trainer.graph.indices.size,
         "feature_rows": trainer.features.rows.shape[0], "cache_rows": trainer.features.cache_ids.numel(),
         "degree_rows": None if trainer.degrees is None else trainer.degrees.rows.shape[0],
         "degree_cache_rows": None if trainer.degrees is None else trainer.degrees.cache_ids.numel(),
@@ -144,12 +143,14 @@ def array_shapes(root: object, *, max_depth: int = 12) -> dict[str, tuple[tuple[
 
 # ---------------------------------------------------------------------- single-process references
 def train_single(dataset: Any, argv: list[str]) -> dict[str, float]:
-    from gnnscale.train.node_classification import NodeClassificationTrainer
+    from gnnscale.distributed.env import DistEnv, init_runtime
+    from gnnscale.train.trainer import Trainer
+    from partition.load import whole_graph_partition
 
-    model_config, sampler_config, train_config = configs_from_argv(argv)
+    model_config, sampler_config, train_config, _ = configs_from_argv(argv)
     start = time.perf_counter()
-    result = NodeClassificationTrainer(dataset, split=split_of(argv), model_config=model_config,
-                                       sampler_config=sampler_config, config=train_config).fit()
+    result = Trainer(whole_graph_partition(dataset), init_runtime(DistEnv()), split=split_of(argv),
+                     model_config=model_config, sampler_config=sampler_config, config=train_config).fit()
     return {"val": result.val, "test": result.test, "seconds": time.perf_counter() - start}
 
 
@@ -310,7 +311,7 @@ def test_each_rank_holds_only_its_partition(synthetic_job: list[list[dict[str, A
         for run in runs:
             held = run["resident"]
             n = held["num_nodes"]
-            assert held["graph_indices"] == held["dgl_edges"] == held["part_num_edges"] < held["whole_num_edges"]
+            assert held["graph_indices"] == held["part_num_edges"] < held["whole_num_edges"]
             assert held["feature_rows"] == held["label_rows"] == held["num_owned"] < n
             assert held["cache_rows"] <= held["num_halo"]
             if held["degree_rows"] is not None:
@@ -351,25 +352,26 @@ def one_part(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.parametrize("argv,split,message", [
     (["--num-layers", "2", "--fanouts", "5"], 0, r"got 1 fanouts for 2 layers; give one fanout per layer"),
-    (["--num-layers", "2", "--fanouts", "5,5"], 3, r"split 3 out of range: the partitions hold 1 split\(s\), 0..0"),
+    (["--num-layers", "2", "--fanouts", "5,5"], 3, r"--split 3 is out of range: the dataset has 1 split\(s\), 0..0"),
 ])
 def test_trainer_rejects_bad_settings(one_part: Any, argv: list[str], split: int, message: str) -> None:
     from gnnscale.distributed.env import DistEnv, init_runtime
-    from gnnscale.train.distributed import DistConfig, DistNodeClassificationTrainer
+    from gnnscale.train.trainer import Trainer
 
-    model_config, sampler_config, train_config = configs_from_argv(argv)
+    model_config, sampler_config, train_config, _ = configs_from_argv(argv)
     with pytest.raises(ValueError, match=message):
-        DistNodeClassificationTrainer(one_part, init_runtime(DistEnv()), split=split, model_config=model_config,
-                                      sampler_config=sampler_config, config=train_config, dist_config=DistConfig())
+        Trainer(one_part, init_runtime(DistEnv()), split=split, model_config=model_config,
+                sampler_config=sampler_config, config=train_config)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("cache_mb", -1.0, r"cache_mb must be >= 0, got -1.0"),
-    ("cache_policy", "lru", r"cache_policy must be 'degree' or 'presample', got 'lru'"),
-    ("prefetch", -2, r"prefetch must be >= 0, got -2"),
+@pytest.mark.parametrize("config,field,value,message", [
+    ("cache", "cache_mb", -1.0, r"--cache-mb must be >= 0, got -1.0"),
+    ("cache", "cache_policy", "lru", r"--cache-policy must be 'degree' or 'presample', got 'lru'"),
+    ("train", "prefetch", -2, r"--prefetch must be >= 0, got -2"),
+    ("train", "checkpoint_every", -1, r"--checkpoint-every must be >= 0, got -1"),
 ])
-def test_dist_config_rejects_bad_values(field: str, value: Any, message: str) -> None:
-    from gnnscale.train.distributed import DistConfig
+def test_configs_reject_bad_values(config: str, field: str, value: Any, message: str) -> None:
+    from gnnscale.train.trainer import CacheConfig, TrainConfig
 
     with pytest.raises(ValueError, match=message):
-        DistConfig(**{field: value})
+        (CacheConfig if config == "cache" else TrainConfig)(**{field: value})

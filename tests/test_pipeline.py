@@ -16,7 +16,7 @@ import torch
 from gnnscale.data.dataset import csc_from_edges
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader, batch_rng, epoch_order, split_batches
 from gnnscale.pipeline.device import DeviceFeeder
-from samplers import NeighborSampler, NodeLoader, SamplerConfig
+from samplers import NeighborSampler, SamplerConfig
 
 NUM_NODES = 3000
 NUM_SEEDS = 1000
@@ -175,16 +175,25 @@ def test_every_batch_has_its_own_generator() -> None:
     assert batch_rng(5, 2, 3).integers(0, 2**62, 4).tolist() == draws[(5, 2, 3)]
 
 
-def test_batches_do_not_depend_on_worker_count_and_match_node_loader(graph: Graph) -> None:
+def test_batches_do_not_depend_on_worker_count_and_match_plain_sampling(graph: Graph) -> None:
     reference = epoch_snapshots(make_loader(graph, num_workers=0, seed=11))
     for num_workers, prefetch in [(1, 0), (3, 2)]:
         other = epoch_snapshots(make_loader(graph, num_workers=num_workers, prefetch=prefetch, seed=11))
         for a, b in zip(reference, other):
             assert_same_batches(a, b)
-    node_loader = NodeLoader(graph.sampler, graph.seeds, BATCH, seed=11)
-    for a in reference:  # NodeLoader counts its own epochs: its pass e is the loaders' pass e
-        plain = [snapshot(batch) for batch in node_loader]
-        assert_same_batches(a, plain)
+    for epoch, batches in enumerate(reference):  # pass e, batch i: the sampler called with generator (11, e, i, 0)
+        order = epoch_order(graph.seeds, shuffle=True, seed=11, epoch=epoch)
+        plain = [snapshot(graph.sampler.sample(seeds, rng=batch_rng(11, epoch, i)))
+                 for i, seeds in enumerate(split_batches(order, BATCH, False))]
+        assert_same_batches(batches, plain)
+
+
+def test_a_pass_in_equal_batches_and_per_rank_generators(graph: Graph) -> None:
+    loader = make_loader(graph, num_workers=0, seed=11)
+    loader.config.num_batches = 3
+    sizes = [loaded.y.numel() for loaded in loader]
+    assert len(sizes) == len(loader) == 3 and max(sizes) - min(sizes) <= 1 and sum(sizes) == graph.seeds.numel()
+    assert batch_rng(11, 0, 0, 1).random() != batch_rng(11, 0, 0, 0).random()
 
 
 # ---------------------------------------------------------------------- 3. gathered rows

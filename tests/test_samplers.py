@@ -6,7 +6,7 @@ import torch
 
 from gnnscale.batch import Block, MiniBatch
 from gnnscale.data.dataset import csc_from_edges
-from samplers import NeighborSampler, NodeLoader, SamplerConfig, add_self_loops
+from samplers import NeighborSampler, SamplerConfig, add_self_loops
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_full_fanout_blocks_equal_the_graph(graph):
     n, indptr, indices = graph
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1, -1]))
     seeds = torch.tensor([3, 17, 250])
-    batch = sampler.sample(seeds)
+    batch = sampler.sample(seeds, rng=np.random.default_rng(0))
     assert torch.equal(batch.seeds, seeds)
     dst = batch.blocks[-1].dst_ids
     assert torch.equal(dst, seeds)
@@ -49,7 +49,7 @@ def test_fanout_limits_and_validity(graph):
     n, indptr, indices = graph
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[3]))
     seeds = torch.arange(0, n, 5)
-    block = sampler.sample(seeds).blocks[0]
+    block = sampler.sample(seeds, rng=np.random.default_rng(0)).blocks[0]
     degree = torch.from_numpy(np.diff(indptr))[seeds]
     assert torch.equal(block.in_degrees(), degree.clamp(max=3))
     for u, v in block_edges(block):
@@ -68,7 +68,7 @@ def test_self_loops_are_appended_last():
 def test_gcn_norm_at_full_fanout_is_kipf_welling(graph):
     n, indptr, indices = graph
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1], gcn_norm=True))
-    block = sampler.sample(torch.arange(n)).blocks[0]
+    block = sampler.sample(torch.arange(n), rng=np.random.default_rng(0)).blocks[0]
     x = torch.randn(n, 4, dtype=torch.float64)
     dense = torch.zeros(n, n, dtype=torch.float64)
     src, dst = torch.from_numpy(indices), torch.repeat_interleave(torch.arange(n), torch.from_numpy(np.diff(indptr)))
@@ -85,7 +85,7 @@ def test_gcn_norm_at_full_fanout_is_kipf_welling(graph):
 def test_gcn_norm_sampled_weights_are_rescaled_to_full_degree(graph):
     n, indptr, indices = graph
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[2], gcn_norm=True))
-    block = sampler.sample(torch.arange(n)).blocks[0]
+    block = sampler.sample(torch.arange(n), rng=np.random.default_rng(0)).blocks[0]
     deg = torch.from_numpy(np.diff(indptr)).double()
     src = block.src_ids[block.indices]
     dst = block.src_ids[block.dst_index()]
@@ -97,24 +97,10 @@ def test_gcn_norm_sampled_weights_are_rescaled_to_full_degree(graph):
     assert is_self.sum() == n and (block.indices[block.indptr[1:] - 1] == torch.arange(n)).all()
 
 
-def test_loader_covers_every_seed_once_and_is_deterministic(graph):
-    n, indptr, indices = graph
-    sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[2, 2]))
-    seeds = torch.arange(0, n, 3)
-    loader = NodeLoader(sampler, seeds, batch_size=16, seed=7)
-    assert len(loader) == (seeds.numel() + 15) // 16
-    epoch0 = torch.cat([b.seeds for b in loader])
-    epoch1 = torch.cat([b.seeds for b in loader])
-    assert torch.equal(torch.sort(epoch0).values, seeds) and torch.equal(torch.sort(epoch1).values, seeds)
-    assert not torch.equal(epoch0, epoch1)  # reshuffled
-    again = torch.cat([b.seeds for b in NodeLoader(sampler, seeds, batch_size=16, seed=7)])
-    assert torch.equal(again, epoch0)
-
-
 def test_minibatch_save_load_round_trip(graph, tmp_path):
     n, indptr, indices = graph
     sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[3, 2], gcn_norm=True))
-    batch = sampler.sample(torch.tensor([1, 2, 3]))
+    batch = sampler.sample(torch.tensor([1, 2, 3]), rng=np.random.default_rng(0))
     batch.save(tmp_path / "b.pt")
     loaded = MiniBatch.load(tmp_path / "b.pt")
     assert torch.equal(loaded.seeds, batch.seeds)
@@ -127,12 +113,6 @@ def test_minibatch_save_load_round_trip(graph, tmp_path):
 def test_sampler_config_errors(fanouts, match):
     with pytest.raises(ValueError, match=match):
         SamplerConfig(fanouts=fanouts)
-
-
-def test_loader_rejects_bad_batch_size(graph):
-    n, indptr, indices = graph
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        NodeLoader(NeighborSampler(indptr, indices, SamplerConfig(fanouts=[1])), torch.arange(3), 0)
 
 
 def test_compact_puts_destinations_first_then_sources_by_first_appearance():
@@ -159,17 +139,15 @@ def test_compact_matches_a_brute_force_numbering(trial):
 
 
 SAMPLE_DIGEST = """
-import hashlib, sys, numpy as np, torch, dgl
+import hashlib, sys, numpy as np, torch
 from gnnscale.data.dataset import csc_from_edges
 from samplers import NeighborSampler, SamplerConfig
-from samplers.neighbor import seed_sampling
 rng = np.random.default_rng(0)
 indptr, indices = csc_from_edges(rng.integers(0, 5000, 60000), rng.integers(0, 5000, 60000), 5000, symmetrize=True)
 sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1, 10, 5]))
-seed_sampling(3)
 digest = hashlib.sha256()
 for start in range(0, 2000, 500):
-    for block in sampler.sample(torch.arange(start, start + 500)).blocks:
+    for block in sampler.sample(torch.arange(start, start + 500), rng=np.random.default_rng((3, start))).blocks:
         for t in (block.indptr, block.indices, block.src_ids):
             digest.update(t.numpy().tobytes())
 print(digest.hexdigest())
@@ -177,7 +155,7 @@ print(digest.hexdigest())
 
 
 def test_same_seed_gives_identical_blocks_in_separate_processes():
-    """DGL's to_block and sample_neighbors(-1) order nodes by thread timing; ours must not."""
+    """A parallel to_block or sample_neighbors(-1) orders nodes by thread timing; ours must not."""
     import subprocess
     import sys
 

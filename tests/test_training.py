@@ -9,7 +9,9 @@ import torch
 from gnnscale.data.dataset import GraphDataset, csc_from_edges
 from gnnscale.nn import ModelConfig
 from gnnscale.train.cli import main
-from gnnscale.train.node_classification import NodeClassificationTrainer, TrainConfig
+from gnnscale.distributed.env import DistEnv, init_runtime
+from gnnscale.train.trainer import Trainer, TrainConfig
+from partition.load import whole_graph_partition
 from samplers import SamplerConfig
 
 
@@ -28,24 +30,29 @@ def planted_dataset(num_nodes=600, num_classes=3, seed=0) -> GraphDataset:
                         train_masks=masks[0], val_masks=masks[1], test_masks=masks[2], num_classes=num_classes)
 
 
+def local_trainer(dataset: GraphDataset, **kwargs) -> Trainer:
+    """The trainer of a plain ``python`` run: a world of one over the whole graph."""
+    return Trainer(whole_graph_partition(dataset), init_runtime(DistEnv()), **kwargs)
+
+
 @pytest.mark.parametrize("model,residual", [("sage", False), ("gcn", False), ("gat", False), ("sage", True)])
 def test_layerwise_inference_equals_full_fanout_forward(model, residual):
     data = planted_dataset()
     model_config = ModelConfig(model=model, num_layers=2, hidden=8, heads=2, residual=residual)
     sampler_config = SamplerConfig(fanouts=[-1, -1], gcn_norm=model == "gcn", self_loops=model != "sage")
-    trainer = NodeClassificationTrainer(data, split=0, model_config=model_config, sampler_config=sampler_config,
+    trainer = local_trainer(data, split=0, model_config=model_config, sampler_config=sampler_config,
                                         config=TrainConfig(eval_batch_size=128))
     everything = trainer.inference()
     seeds = torch.tensor([0, 5, 77, 599])
-    batch = trainer.sampler.sample(seeds)
+    batch = trainer.sampler.sample(seeds, rng=np.random.default_rng(0))
     with torch.no_grad():
-        direct = trainer.model(batch.blocks, trainer.features[batch.input_ids])
+        direct = trainer.model(batch.blocks, trainer.features.rows[batch.input_ids])
     torch.testing.assert_close(everything[seeds], direct, atol=1e-5, rtol=1e-5)
 
 
 def test_training_learns_planted_classes_and_restores_best_epoch():
     data = planted_dataset()
-    trainer = NodeClassificationTrainer(
+    trainer = local_trainer(
         data, split=0, model_config=ModelConfig(model="sage", num_layers=2, hidden=16),
         sampler_config=SamplerConfig(fanouts=[5, 5]), config=TrainConfig(epochs=15, batch_size=64, seed=1))
     result = trainer.fit()
@@ -57,7 +64,7 @@ def test_training_learns_planted_classes_and_restores_best_epoch():
 
 def test_early_stopping_stops():
     data = planted_dataset()
-    trainer = NodeClassificationTrainer(
+    trainer = local_trainer(
         data, split=0, model_config=ModelConfig(model="sage", num_layers=1, hidden=4),
         sampler_config=SamplerConfig(fanouts=[5]), config=TrainConfig(epochs=200, patience=2, lr=1e-9))
     assert trainer.fit().epochs_run < 200
@@ -65,17 +72,14 @@ def test_early_stopping_stops():
 
 def test_fanouts_must_match_layers():
     with pytest.raises(ValueError, match="got 1 fanouts for 2 layers"):
-        NodeClassificationTrainer(planted_dataset(), split=0, model_config=ModelConfig(num_layers=2),
+        local_trainer(planted_dataset(), split=0, model_config=ModelConfig(num_layers=2),
                                   sampler_config=SamplerConfig(fanouts=[5]), config=TrainConfig())
 
 
 @pytest.mark.parametrize("kwargs,match", [({"epochs": 0}, "epochs must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
-                                          ({"device": "cuda:7"}, "torch sees no CUDA device"),
-                                          ({"num_workers": -1}, "num_workers must be >= 0"),
+                                          ({"num_workers": -1}, "--num-workers must be >= 0"),
                                           ({"prefetch": -1}, "prefetch must be >= 0, got -1")])
 def test_train_config_errors(kwargs, match):
-    if kwargs.get("device") and torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
 
@@ -161,7 +165,7 @@ def test_training_is_the_same_with_any_number_of_loader_workers(num_workers):
     data = planted_dataset()
 
     def run(workers):
-        trainer = NodeClassificationTrainer(
+        trainer = local_trainer(
             data, split=0, model_config=ModelConfig(model="sage", num_layers=2, hidden=16),
             sampler_config=SamplerConfig(fanouts=[5, 5]),
             config=TrainConfig(epochs=3, batch_size=64, seed=4, num_workers=workers))
@@ -176,8 +180,8 @@ def test_training_is_the_same_with_any_number_of_loader_workers(num_workers):
 
 
 def test_features_on_device_is_ignored_with_a_warning_on_cpu(caplog):
-    trainer = NodeClassificationTrainer(
+    trainer = local_trainer(
         planted_dataset(), split=0, model_config=ModelConfig(model="sage", num_layers=1, hidden=4),
         sampler_config=SamplerConfig(fanouts=[5]), config=TrainConfig(epochs=1, features_on_device=True))
-    assert trainer.device_features is None
-    assert "--features-on-device has no effect on cpu" in caplog.text
+    assert trainer.feeder.device_features is None
+    assert "--features-on-device has no effect here" in caplog.text

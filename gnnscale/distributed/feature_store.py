@@ -17,12 +17,14 @@ The cache holds remote rows chosen by expected access, sized by the user:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.batch import Block, MiniBatch
 from gnnscale.distributed.comm import Exchanger, split_by_owner
 
 log = logging.getLogger("gnnscale.distributed")
@@ -133,6 +135,27 @@ class DistTable:
         self.stats.cache_hits += num_cached
         self.stats.remote_rows += num_missing
         return order
+
+    def gather_batch(self, batch: MiniBatch, out: Callable[[int, Tensor], Tensor]) -> tuple[MiniBatch, Tensor]:
+        """The input rows of ``batch`` in ``out(rows, template)``, and the batch renumbered to match them.
+
+        :meth:`gather_grouped` returns rows in its own order; rather than scattering them back
+        into the block's source order, the first block is renumbered: its destinations are copied
+        to the front (a layer reads them as ``x[:num_dst]``) and its edges point into the table's
+        order.  A destination that is also a source thus appears twice, with equal rows; every
+        layer computes the same result.  A collective.
+        """
+        first = batch.blocks[0]
+        num_dst, num_src = first.num_dst, first.num_src
+        x = out(num_dst + num_src, self.rows)
+        order = self.gather_grouped(first.src_ids, out=x[num_dst:])
+        position = torch.empty_like(order)
+        position[order] = torch.arange(num_src)
+        torch.index_select(x[num_dst:], 0, position[:num_dst], out=x[:num_dst])
+        renumbered = Block(indptr=first.indptr, indices=position.index_select(0, first.indices) + num_dst,
+                           src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]),
+                           num_dst=num_dst, edge_weight=first.edge_weight)
+        return MiniBatch(seeds=batch.seeds, blocks=[renumbered, *batch.blocks[1:]]), x
 
     def lookup(self, ids: Tensor) -> Tensor:
         """Rows of ``ids`` that are all owned or cached; no communication.

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -71,6 +72,11 @@ class LoaderConfig:
     """Gather into page-locked buffers (set it when batches go to a CUDA device)."""
     gather_features: bool = True
     """Gather feature rows on the host; off when the table lives on the device and only ids travel."""
+    num_batches: int | None = None
+    """Split every pass into exactly this many near-equal batches instead of ``batch_size`` ones (the
+    ranks of a job take the same number of steps, whatever their number of seeds)."""
+    rank: int = 0
+    """Which rank's batch generators to draw: each rank samples its own independent stream."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -81,6 +87,8 @@ class LoaderConfig:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.num_batches is not None and self.num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1, got {self.num_batches}")
 
 
 @dataclass
@@ -128,12 +136,16 @@ def epoch_order(seeds: Tensor, *, shuffle: bool, seed: int, epoch: int) -> Tenso
     return seeds[torch.randperm(seeds.numel(), generator=generator)]
 
 
-def batch_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The sampling generator of batch ``index`` of pass ``epoch``: independent of which thread draws it."""
-    return np.random.default_rng((seed, epoch, index))
+def batch_rng(seed: int, epoch: int, index: int, rank: int = 0) -> np.random.Generator:
+    """The sampling generator of batch ``index`` of pass ``epoch`` on ``rank``: independent of which thread
+    draws it."""
+    return np.random.default_rng((seed, epoch, index, rank))
 
 
-def split_batches(order: Tensor, batch_size: int, drop_last: bool) -> list[Tensor]:
+def split_batches(order: Tensor, batch_size: int, drop_last: bool, num_batches: int | None = None) -> list[Tensor]:
+    """``order`` cut into batches of ``batch_size`` seeds, or into exactly ``num_batches`` near-equal ones."""
+    if num_batches is not None:
+        return list(torch.tensor_split(order, num_batches))
     batches = list(torch.split(order, batch_size)) if order.numel() else []
     if drop_last and batches and batches[-1].numel() < batch_size:
         batches.pop()
@@ -155,10 +167,19 @@ class _Slot:
                                   pin_memory=self.pin)
         return current
 
-    def gather(self, table: Tensor, ids: Tensor, which: str) -> Tensor:
-        buffer = self._ensure(getattr(self, which), ids.numel(), table)
+    def take(self, which: str, rows: int, template: Tensor) -> Tensor:
+        """A [rows, ...] view of this slot's ``which`` buffer, shaped and typed like ``template``'s rows."""
+        buffer = self._ensure(getattr(self, which), rows, template)
         setattr(self, which, buffer)
-        return gather_rows(table, ids, buffer[: ids.numel()])
+        return buffer[:rows]
+
+
+class FeatureStore(Protocol):
+    """Where a batch's input rows come from when they are not rows of one local table (e.g.
+    :class:`gnnscale.distributed.feature_store.DistTable`)."""
+
+    def gather_batch(self, batch: MiniBatch, out: Callable[[int, Tensor], Tensor]) -> tuple[MiniBatch, Tensor]:
+        """The input rows of ``batch`` written into ``out(rows, template)``, and the batch renumbered to match."""
 
 
 class PrefetchLoader:
@@ -169,18 +190,21 @@ class PrefetchLoader:
             ``rng`` a keyword argument; called from worker threads, so it must not share mutable state
             between calls (the samplers keep their scratch space per thread).
         seeds: int64 [num_seeds] nodes to cover exactly once per pass.
-        features: float [num_nodes, F] feature table (host memory), indexed by ``batch.input_ids``.
-        labels: [num_nodes] labels, indexed by ``batch.seeds``.
+        features: float [num_nodes, F] feature table (host memory), indexed by ``batch.input_ids - first_id``,
+            or a :class:`FeatureStore` (rows held elsewhere, e.g. by other ranks).
+        labels: [num_nodes] labels, indexed by ``batch.seeds - first_id``.
         config: scheduling settings.
+        first_id: the node id of row 0 of ``labels`` (and of a ``features`` table).
 
-    Each ``iter(loader)`` is one pass (epoch); ``loader.stats`` describes the last pass.
+    Each ``iter(loader)`` is one pass; pass ``e`` (``loader.epoch`` before the pass) has its own order and
+    generators, so setting ``epoch`` replays any pass.  ``loader.stats`` describes the last pass.
     """
 
-    def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor, labels: Tensor,
-                 config: LoaderConfig) -> None:
+    def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor | FeatureStore, labels: Tensor,
+                 config: LoaderConfig, *, first_id: int = 0) -> None:
         self.sample_fn = sample
         self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
-        self.features, self.labels = features, labels
+        self.features, self.labels, self.first_id = features, labels, first_id
         self.config = config
         self.epoch = 0
         self.stats = PassStats()
@@ -190,17 +214,22 @@ class PrefetchLoader:
 
     def __len__(self) -> int:
         n, b = self.seeds.numel(), self.config.batch_size
+        if self.config.num_batches is not None:
+            return self.config.num_batches
         return n // b if self.config.drop_last else (n + b - 1) // b
 
     # ------------------------------------------------------------------ one batch
     def _prepare(self, index: int, seeds: Tensor, slot: int, epoch: int, stats: PassStats,
                  lock: threading.Lock) -> LoadedBatch:
         start = time.perf_counter()
-        batch = self.sample_fn(seeds, rng=batch_rng(self.config.seed, epoch, index))
+        batch = self.sample_fn(seeds, rng=batch_rng(self.config.seed, epoch, index, self.config.rank))
         sampled = time.perf_counter()
         buffers = self._slots[slot]
-        x = buffers.gather(self.features, batch.input_ids, "features") if self.config.gather_features else None
-        y = buffers.gather(self.labels, batch.seeds, "labels")
+        x = None
+        if self.config.gather_features:
+            batch, x = self._gather_inputs(batch, buffers)
+        seeds = batch.seeds if self.first_id == 0 else batch.seeds - self.first_id
+        y = gather_rows(self.labels, seeds, buffers.take("labels", seeds.numel(), self.labels))
         done = time.perf_counter()
         with lock:
             stats.sample += sampled - start
@@ -208,12 +237,18 @@ class PrefetchLoader:
             stats.gathered_bytes += 0 if x is None else x.numel() * x.element_size()
         return LoadedBatch(index=index, batch=batch, x=x, y=y, slot=slot)
 
+    def _gather_inputs(self, batch: MiniBatch, buffers: _Slot) -> tuple[MiniBatch, Tensor]:
+        if not isinstance(self.features, Tensor):
+            return self.features.gather_batch(batch, lambda rows, like: buffers.take("features", rows, like))
+        ids = batch.input_ids if self.first_id == 0 else batch.input_ids - self.first_id
+        return batch, gather_rows(self.features, ids, buffers.take("features", ids.numel(), self.features))
+
     # ------------------------------------------------------------------ a pass
     def __iter__(self) -> Iterator[LoadedBatch]:
         epoch = self.epoch
         self.epoch += 1
         order = epoch_order(self.seeds, shuffle=self.config.shuffle, seed=self.config.seed, epoch=epoch)
-        batches = split_batches(order, self.config.batch_size, self.config.drop_last)
+        batches = split_batches(order, self.config.batch_size, self.config.drop_last, self.config.num_batches)
         passes = self._serial_pass(batches, epoch) if self.config.num_workers == 0 else \
             _ThreadedPass(self, batches, epoch).run()
         return self._exclusive(passes)

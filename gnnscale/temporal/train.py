@@ -42,6 +42,7 @@ from gnnscale.metrics import average_precision, mean_reciprocal_rank
 from gnnscale.temporal.memory import MemoryConfig
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
+from gnnscale.train.fit import FitState, fit
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -339,6 +340,32 @@ class TemporalLinkTrainer:
         self.mrr_rng = np.random.default_rng((self.config.seed, epoch, 3))
         return np.random.default_rng((self.config.seed, epoch, 1))
 
+    def _train_and_validate(self, epoch: int) -> dict:
+        """Epoch ``epoch``'s training pass, then its validation pass (AP only): the epoch's record."""
+        start = time.perf_counter()
+        loss = self.train_epoch(epoch)
+        train_seconds = time.perf_counter() - start
+        self._memory_after_training = self.model.memory.state.state_dict()
+        val = self.evaluate(np.flatnonzero(self.split.val), self._inductive, self._seed_pass(epoch), ranking=False)
+        return {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
+                "train_events_per_second": self.train_event_ids.size / train_seconds,
+                "eval_seconds": time.perf_counter() - start - train_seconds,
+                **{f"val_{k}": v for k, v in val.items()}, **self._read_staleness()}
+
+    def _read_staleness(self) -> dict:
+        """The staleness of the reads since the last call, also added to the run's totals."""
+        staleness, overall = self._staleness(), self._overall
+        overall["staleness_max"] = max(overall["staleness_max"], staleness["staleness_max"])
+        overall["staleness_sum"] += staleness["staleness_mean"] * staleness["remote_reads"]
+        overall["remote_reads"] += staleness["remote_reads"]
+        return staleness
+
+    def _log_epoch(self, record: dict, state: FitState) -> None:
+        log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)%s", record["epoch"], record["loss"],
+                 record["train_seconds"], record["val_ap"], record["val_ap_inductive"], "" if self.world_size == 1
+                 else f"  staleness max {record['staleness_max']} mean {record['staleness_mean']:.3f} "
+                      f"(K={self.config.staleness}, {record['remote_read_fraction']:.0%} of reads remote)")
+
     def fit(self) -> dict:
         """Train with early stopping on validation AP; returns the metrics of the best epoch.
 
@@ -348,55 +375,26 @@ class TemporalLinkTrainer:
         generators), so its validation AP is the one early stopping saw.  The memory is left where
         the test stream leaves it.
         """
-        cfg, split = self.config, self.split
-        val_ids, test_ids = np.flatnonzero(split.val), np.flatnonzero(split.test)
-        inductive = split.val_new_node | split.test_new_node
-        best: dict = {"val_ap": -1.0}
-        history, since_best, started = [], 0, time.perf_counter()
-        overall = {"staleness_max": 0, "staleness_sum": 0.0, "remote_reads": 0}
-
-        def read_staleness() -> dict:
-            staleness = self._staleness()
-            overall["staleness_max"] = max(overall["staleness_max"], staleness["staleness_max"])
-            overall["staleness_sum"] += staleness["staleness_mean"] * staleness["remote_reads"]
-            overall["remote_reads"] += staleness["remote_reads"]
-            return staleness
-
-        for epoch in range(1, cfg.epochs + 1):
-            start = time.perf_counter()
-            loss = self.train_epoch(epoch)
-            train_seconds = time.perf_counter() - start
-            after_training = self.model.memory.state.state_dict()
-            val = self.evaluate(val_ids, inductive, self._seed_pass(epoch), ranking=False)
-            staleness = read_staleness()
-            record = {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
-                      "train_events_per_second": self.train_event_ids.size / train_seconds,
-                      "eval_seconds": time.perf_counter() - start - train_seconds,
-                      **{f"val_{k}": v for k, v in val.items()}, **staleness}
-            history.append(record)
-            log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)%s", epoch, loss, train_seconds,
-                     val["ap"], val["ap_inductive"], "" if self.world_size == 1 else
-                     f"  staleness max {staleness['staleness_max']} mean {staleness['staleness_mean']:.3f} "
-                     f"(K={cfg.staleness}, {staleness['remote_read_fraction']:.0%} of reads remote)")
-            if val["ap"] > best["val_ap"]:
-                best = dict(record, state=copy.deepcopy(self.model.state_dict()), memory=after_training)
-                since_best = 0
-            else:
-                since_best += 1
-                if cfg.patience and since_best >= cfg.patience:
-                    log.info("early stop: no better validation AP in %d epochs", cfg.patience)
-                    break
-        self.model.load_state_dict(best.pop("state"))
-        self.model.memory.state.load_state_dict(best.pop("memory"))
+        split, started = self.split, time.perf_counter()
+        self._inductive = split.val_new_node | split.test_new_node
+        self._overall = {"staleness_max": 0, "staleness_sum": 0.0, "remote_reads": 0}
+        state = fit(FitState(), epochs=self.config.epochs, patience=self.config.patience, score_key="val_ap",
+                    train_epoch=self._train_and_validate, log_epoch=self._log_epoch,
+                    snapshot=lambda: (copy.deepcopy(self.model.state_dict()), self._memory_after_training))
+        weights, memory = state.best_state
+        self.model.load_state_dict(weights)
+        self.model.memory.state.load_state_dict(memory)
+        best = dict(state.best)
         rng = self._seed_pass(best["epoch"])
-        val = self.evaluate(val_ids, inductive, rng)
-        test = self.evaluate(test_ids, inductive, rng)
-        read_staleness()
+        val = self.evaluate(np.flatnonzero(split.val), self._inductive, rng)
+        test = self.evaluate(np.flatnonzero(split.test), self._inductive, rng)
+        self._read_staleness()
         best.update({f"val_{k}": v for k, v in val.items()}, **{f"test_{k}": v for k, v in test.items()})
         log.info("best epoch %d: val AP %.4f (inductive %.4f), test AP %.4f (inductive %.4f), test MRR %.4f",
                  best["epoch"], val["ap"], val["ap_inductive"], test["ap"], test["ap_inductive"], test["mrr"])
-        best.update(best_epoch=best["epoch"], epochs_run=len(history), seconds=time.perf_counter() - started,
-                    history=history, staleness_max_run=overall["staleness_max"],
+        overall = self._overall
+        best.update(best_epoch=best["epoch"], epochs_run=len(state.history), seconds=time.perf_counter() - started,
+                    history=state.history, staleness_max_run=overall["staleness_max"],
                     staleness_mean_run=overall["staleness_sum"] / max(overall["remote_reads"], 1),
                     remote_reads_run=overall["remote_reads"])
         return best

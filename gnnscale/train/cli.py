@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
+from gnnscale.options import NoEffect, add_section, run_command
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -18,6 +19,7 @@ log = logging.getLogger("gnnscale.train")
 
 
 def fanout_list(text: str) -> list[int]:
+    """``--fanouts`` from ``"15,10,5"``; argparse turns the error into a usage message."""
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -25,10 +27,11 @@ def fanout_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: the sections of :mod:`gnnscale.options` plus the GNN's own options."""
     parser = argparse.ArgumentParser(
         prog="gnnscale-train",
-        description="Mini-batch node classification with sampled neighbourhoods; evaluates layer-wise over all "
-                    "neighbours and keeps the epoch with the best validation score.",
+        description="Mini-batch node classification with sampled neighbourhoods on 1..N ranks; evaluates "
+                    "layer-wise over all neighbours and keeps the epoch with the best validation score.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataset_arguments(parser)
     model = parser.add_argument_group("model")
@@ -42,46 +45,53 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--heads", type=int, default=8, help="gat: heads in hidden layers")
     model.add_argument("--out-heads", type=int, default=1, help="gat: heads in the output layer (averaged)")
     model.add_argument("--attn-dropout", type=float, default=0.6, help="gat: dropout on attention weights")
-    train = parser.add_argument_group("training")
-    train.add_argument("--fanouts", type=fanout_list, default=None,
-                       help="neighbours per layer, input side first; -1 = all (default: 15,10,5 cut to --num-layers)")
-    train.add_argument("--batch-size", type=int, default=1024, help="seed nodes per step and rank (with K ranks a "
-                       "step covers K x this many)")
-    train.add_argument("--epochs", type=int, default=10)
-    train.add_argument("--lr", type=float, default=0.01)
-    train.add_argument("--weight-decay", type=float, default=5e-4)
-    train.add_argument("--patience", type=int, default=0, help="early-stop after this many evaluations without "
-                       "improvement; 0 = off")
-    train.add_argument("--eval-every", type=int, default=1)
-    train.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    pipe = parser.add_argument_group("input pipeline")
-    pipe.add_argument("--num-workers", type=int, default=1, help="loader threads that sample and gather batches "
-                      "ahead of training (single process); 0 = in the training thread")
-    pipe.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead of training (beyond those "
-                      "the workers hold); distributed: 0 = no background thread")
-    pipe.add_argument("--features-on-device", action="store_true", help="keep the whole feature table on the "
-                      "device and send only ids (cuda, single process)")
-    pipe.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
-                      help="return freed memory to the system after every step (slower: pages fault in again)")
-    dist = parser.add_argument_group(
-        "distributed (torchrun)",
-        "With --partitions, rank r of 'torchrun --nproc_per_node=K ...' trains on partition r of a folder written "
-        "by 'python -m partition --num-parts K'; the dataset options are then not used.")
-    dist.add_argument("--partitions", type=Path, default=None, help="partition folder: train distributed, one "
-                      "partition per rank (a plain python launch is a world of one and needs a 1-part folder)")
+    add_section(parser, "optimisation", lr=0.01)
+    loader = parser.add_argument_group("loader")
+    loader.add_argument("--batch-size", type=int, default=1024, help="seed nodes per step and rank (with K ranks "
+                        "a step covers K x this many)")
+    loader.add_argument("--fanouts", type=fanout_list, default=None, help="neighbours per layer, input side "
+                        "first; -1 = all (default: 15,10,5 cut to --num-layers)")
+    add_section(parser, "loader", group=loader)
+    dist = parser.add_argument_group("distributed", "Under 'torchrun --nproc_per_node=K', rank r trains on "
+                                     "partition r: of --partitions, or of a folder rank 0 first writes to "
+                                     "<out>/partitions. A plain python launch is a world of one.")
+    dist.add_argument("--partitions", type=Path, default=None, help="folder from 'python -m partition "
+                      "--num-parts K' (the dataset options are then not used)")
     dist.add_argument("--cache-mb", type=float, default=64.0, help="MiB of remote feature rows cached per rank")
     dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
                       help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
                            "while sampling a few batches first")
-    dist.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt if it exists "
-                      "(use with torchrun --max-restarts)")
-    dist.add_argument("--checkpoint-every", type=int, default=1, help="epochs between checkpoints; 0 = never")
-    dist.add_argument("--failure-timeout", type=float, default=60.0, help="seconds without an answer after which "
-                      "a rank is declared dead or hung and the others stop, naming it")
-    parser.add_argument("--out", type=Path, default=None, help="run folder for metrics.json (and checkpoint.pt) "
-                        "(default: runs/<dataset>-<model>-seed<seed>)")
-    parser.add_argument("--quiet", action="store_true", help="log only warnings and the final result")
+    add_section(parser, "distributed", group=dist)
+    add_section(parser, "checkpoint")
+    add_section(parser, "run")
     return parser
+
+
+def _not_gat(args: argparse.Namespace, world_size: int) -> bool:
+    return args.model != "gat"
+
+
+def _partitioned(args: argparse.Namespace, world_size: int) -> bool:
+    return args.partitions is not None
+
+
+SYNTHETIC_OPTIONS = ("--num-nodes", "--avg-degree", "--num-classes", "--feat-dim")
+
+NO_EFFECT = (
+    *(NoEffect(name, _not_gat, "only --model gat has attention") for name in ("--heads", "--out-heads",
+                                                                            "--attn-dropout")),
+    *(NoEffect(name, _partitioned, "the graph comes from --partitions")
+      for name in ("--dataset", "--data-dir", *SYNTHETIC_OPTIONS)),
+    *(NoEffect(name, lambda args, world_size: args.dataset != "synthetic", "only --dataset synthetic generates "
+               "a graph") for name in SYNTHETIC_OPTIONS),
+    NoEffect("--data-dir", lambda args, world_size: args.dataset == "synthetic", "--dataset synthetic is "
+             "generated, not read"),
+    NoEffect("--features-on-device", lambda args, world_size: not args.device.startswith("cuda"),
+             "with --device cpu the feature table is already there"),
+    NoEffect("--failure-timeout", lambda args, world_size: world_size == 1, "a world of one has no other rank "
+             "to wait for"),
+)
+"""Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -93,9 +103,9 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 
 
 def build_configs(args: argparse.Namespace):
-    """``(model_config, sampler_config, train_config)`` from the command line."""
+    """``(model_config, sampler_config, train_config, cache_config)`` from the command line."""
     from gnnscale.nn import ModelConfig
-    from gnnscale.train.node_classification import TrainConfig
+    from gnnscale.train.trainer import CacheConfig, TrainConfig
     from samplers import SamplerConfig
 
     fanouts = args.fanouts if args.fanouts is not None else \
@@ -110,75 +120,48 @@ def build_configs(args: argparse.Namespace):
                                weight_decay=args.weight_decay, patience=args.patience, eval_every=args.eval_every,
                                seed=args.seed, device=args.device, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
-                               keep_freed_memory=args.keep_freed_memory)
-    return model_config, sampler_config, train_config
+                               checkpoint_every=args.checkpoint_every, resume=args.resume)
+    cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy)
+    return model_config, sampler_config, train_config, cache_config
+
+
+def apply_process_settings(args: argparse.Namespace) -> None:
+    """The process-wide settings of a training command: the allocator and torch's global generator."""
+    import torch
+
+    from gnnscale.pipeline import keep_freed_memory
+
+    if args.keep_freed_memory:
+        keep_freed_memory()
+    torch.manual_seed(args.seed)
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Load, build, train and write ``metrics.json``; returns its contents."""
-    from gnnscale.train.node_classification import NodeClassificationTrainer
-
-    if args.partitions is not None:
-        return run_distributed(args)
-    if args.resume:
-        log.warning("--resume has no effect without --partitions")
-    model_config, sampler_config, train_config = build_configs(args)
-    out = args.out if args.out is not None else Path("runs") / f"{args.dataset}-{args.model}-seed{args.seed}"
-
-    start = time.perf_counter()
-    dataset = dataset_from_args(args)
-    log.info("loaded %r in %.1fs", dataset, time.perf_counter() - start)
-    trainer = NodeClassificationTrainer(dataset, split=args.split, model_config=model_config,
-                                        sampler_config=sampler_config, config=train_config)
-    result = trainer.fit()
-    metrics = {
-        "dataset": dataset.name, "model": args.model, "metric": result.metric,
-        "val": result.val, "test": result.test, "best_epoch": result.best_epoch,
-        "epochs_run": result.epochs_run, "train_seconds": result.train_seconds, "world_size": 1,
-        "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "history": result.history,
-    }
-    write_json_atomic(out / "metrics.json", metrics)
-    print(f"{dataset.name} {args.model}: test {result.metric} {result.test:.4f} "
-          f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
-          f"{result.train_seconds:.1f}s training) -> {out / 'metrics.json'}", flush=True)
-    return metrics
-
-
-def run_distributed(args: argparse.Namespace) -> dict:
-    """Train on partition ``rank`` of ``--partitions``; rank 0 writes ``metrics.json``."""
+    """Train on 1..N ranks (a plain launch is a world of one) and write ``metrics.json`` from rank 0."""
     from gnnscale.distributed.env import read_env
     from gnnscale.distributed.job import joined_job
-    from gnnscale.train.distributed import DistConfig, DistNodeClassificationTrainer
-    from partition.format import read_manifest
-    from partition.load import load_partition
+    from gnnscale.train.trainer import Trainer
 
     if args.failure_timeout <= 0:
         raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
     env = read_env()
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
-    manifest = read_manifest(args.partitions)
-    if manifest["num_parts"] != env.world_size:
-        raise ValueError(f"{args.partitions} holds {manifest['num_parts']} partition(s) but this job has "
-                         f"{env.world_size} rank(s): launch torchrun with {manifest['num_parts']} processes in all "
-                         f"(--nnodes x --nproc_per_node), or re-partition with --num-parts {env.world_size}")
-    model_config, sampler_config, train_config = build_configs(args)
-    dist_config = DistConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, prefetch=args.prefetch,
-                             checkpoint_every=args.checkpoint_every, resume=args.resume)
-    name = (manifest.get("dataset") or {}).get("name") or args.partitions.name
-    out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}-{env.world_size}r"
-    part = load_partition(args.partitions, env.rank)
+    model_config, sampler_config, train_config, cache_config = build_configs(args)
+    apply_process_settings(args)
+    name = _run_name(args)
+    suffix = f"-{env.world_size}r" if env.world_size > 1 else ""
+    out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
     with joined_job(env, args.device, args.failure_timeout) as runtime:
-        trainer = DistNodeClassificationTrainer(part, runtime, split=args.split, model_config=model_config,
-                                                sampler_config=sampler_config, config=train_config,
-                                                dist_config=dist_config, out=out)
+        part = _open_partition(args, runtime, out)
+        trainer = Trainer(part, runtime, split=args.split, model_config=model_config, sampler_config=sampler_config,
+                          config=train_config, cache_config=cache_config, out=out, show_progress=not args.quiet)
         result = trainer.fit()
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
-        "world_size": env.world_size, "partitions": str(args.partitions), "split": args.split,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "world_size": env.world_size, "partitions": str(args.partitions) if args.partitions else None,
+        "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,
     }
     if env.is_main:
@@ -187,6 +170,76 @@ def run_distributed(args: argparse.Namespace) -> dict:
               f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
               f"{result.train_seconds:.1f}s training) -> {out / 'metrics.json'}", flush=True)
     return metrics
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    if args.partitions is None:
+        return args.dataset
+    from partition.format import read_manifest
+
+    return (read_manifest(args.partitions).get("dataset") or {}).get("name") or args.partitions.name
+
+
+def _open_partition(args: argparse.Namespace, runtime, out: Path):
+    """This rank's partition: of ``--partitions``, of the whole dataset in a world of one, or of a folder
+    rank 0 writes into ``OUT/partitions`` first when torchrun starts several ranks without ``--partitions``."""
+    from partition.format import read_manifest
+    from partition.load import load_partition, whole_graph_partition
+
+    world, folder = runtime.world_size, args.partitions
+    if folder is None and world == 1:
+        start = time.perf_counter()
+        dataset = dataset_from_args(args)
+        log.info("loaded %r in %.1fs", dataset, time.perf_counter() - start)
+        return whole_graph_partition(dataset)
+    if folder is None:
+        folder = out / "partitions"
+        _partition_on_rank0(args, runtime, folder)
+    num_parts = read_manifest(folder)["num_parts"]
+    if num_parts != world:
+        raise ValueError(f"{folder} holds {num_parts} partition(s) but this job has {world} rank(s): launch torchrun "
+                         f"with {num_parts} processes in all (--nnodes x --nproc_per_node), or re-partition with "
+                         f"--num-parts {world}")
+    return load_partition(folder, runtime.rank)
+
+
+def partition_command(args: argparse.Namespace, num_parts: int, folder: Path) -> list[str]:
+    """The ``python -m partition`` command that partitions this run's dataset with the default settings."""
+    command = [sys.executable, "-m", "partition", "--num-parts", str(num_parts), "--out", str(folder), "--force",
+               "--dataset", args.dataset, "--split", str(args.split), "--seed", str(args.seed)]
+    if args.data_dir is not None:
+        command += ["--data-dir", str(args.data_dir)]
+    if args.dataset == "synthetic":
+        command += ["--num-nodes", str(args.num_nodes), "--avg-degree", str(args.avg_degree),
+                    "--num-classes", str(args.num_classes), "--feat-dim", str(args.feat_dim)]
+    return command
+
+
+def _partition_on_rank0(args: argparse.Namespace, runtime, folder: Path) -> None:
+    """Rank 0 partitions (in a child process, so its heartbeat goes on); the others wait for its word.
+
+    The folder must be visible to every rank: one host, or a shared file system across hosts.
+    """
+    import shlex
+    import subprocess
+
+    key = "partitioned"
+    if runtime.rank == 0:
+        command = partition_command(args, runtime.world_size, folder)
+        log.info("no --partitions: partitioning first, as: %s", shlex.join(["python", *command[1:]]))
+        done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+        lines = done.stderr.strip().splitlines()
+        word = "ok" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
+        runtime.store.set(key, word)
+        runtime.store.add(f"{key}-done", 1)
+    else:
+        # Polled (store.get would block past the failure timeout while METIS runs); a dead rank 0 is
+        # reported by the watchdog meanwhile.
+        while runtime.store.add(f"{key}-done", 0) == 0:
+            time.sleep(0.2)
+        word = runtime.store.get(key).decode()
+    if word != "ok":
+        raise ValueError(f"partitioning on rank 0 failed: {word.removeprefix('error: ')}")
 
 
 def _join_negative_fanouts(argv: list[str]) -> list[str]:
@@ -201,23 +254,6 @@ def _join_negative_fanouts(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(_join_negative_fanouts(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
-
-    from gnnscale import interrupt
-
-    interrupt.install()
-    try:
-        run(args)
-    except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_PEER_FAILURE
-    except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
-        print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
-        return 130
-    return 0
+    """Entry point of ``scripts/train_node_classification.py`` and ``gnnscale-train``; returns the exit status."""
+    argv = _join_negative_fanouts(sys.argv[1:] if argv is None else argv)
+    return run_command(build_parser(), argv, run, NO_EFFECT)

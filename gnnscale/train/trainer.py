@@ -1,0 +1,432 @@
+"""Node classification on 1..N ranks: one trainer, one input pipeline, one fit loop.
+
+Rank ``r`` of a world of ``N`` trains on partition ``r`` (a plain ``python`` run is a world
+of one over :func:`partition.load.whole_graph_partition`).  Every rank
+
+* samples with :class:`samplers.distributed.DistNeighborSampler` -- in a world of one, exactly
+  the single-machine kernel -- inside a :class:`gnnscale.pipeline.PrefetchLoader` whose workers
+  also gather the input rows (a local table, or the :class:`DistTable` of features whose remote
+  rows come from their owners); on CUDA through pinned slots and a side stream
+  (:class:`DeviceFeeder`);
+* takes the same number of steps per epoch as every other rank (the rank with the most training
+  nodes sets it), each rank's loss scaled so that DDP's average of gradients is the gradient of
+  the mean loss over the whole step's seeds, as on one machine;
+* evaluates layer by layer over all neighbours of its owned nodes, exchanging the halo's
+  embeddings once per layer; every rank computes the same metric.
+
+Batch ``i`` of epoch ``e`` on rank ``r`` is sampled with generator ``(seed, e, i, r)`` and the
+torch generator is reseeded from ``(seed, e, r)`` every epoch, so the same seed gives the same
+run, and a run resumed from the checkpoint of epoch ``e`` continues exactly as the
+uninterrupted one.  Distributed sampling and fetching are collectives, so with more than one
+rank batches are prepared by at most one worker thread (in batch order).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+
+from gnnscale.batch import Block
+from gnnscale.distributed.comm import Exchanger
+from gnnscale.distributed.env import Runtime
+from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
+from gnnscale.metrics import evaluate
+from gnnscale.nn import GNN, ModelConfig
+from gnnscale.pipeline import LoaderConfig, PrefetchLoader, split_batches
+from gnnscale.pipeline.device import DeviceFeeder
+from gnnscale.progress import Progress
+from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from gnnscale.train.fit import FitState, fit
+from partition.load import Partition
+from samplers.distributed import DistNeighborSampler, LocalGraph
+from samplers.neighbor import SamplerConfig, make_block
+
+log = logging.getLogger("gnnscale.train")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Optimisation, evaluation schedule, input pipeline and checkpoints."""
+
+    epochs: int = 20
+    """Maximum number of passes over the training nodes."""
+    batch_size: int = 1024
+    """Seed nodes per mini-batch and rank."""
+    lr: float = 0.01
+    """Adam learning rate."""
+    weight_decay: float = 5e-4
+    """Adam L2 penalty (the Planetoid recipes use 5e-4)."""
+    patience: int = 0
+    """Stop after this many evaluations without a better validation score; 0 never stops early."""
+    eval_every: int = 1
+    """Evaluate on the validation set every this many epochs (and after the last)."""
+    eval_batch_size: int = 8192
+    """Destination nodes per block in layer-wise inference."""
+    seed: int = 0
+    """Seeds the weights, the batch order and every batch's sampling."""
+    device: str = "cpu"
+    """``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``)."""
+    num_workers: int = 1
+    """Loader threads that sample and gather ahead of training; 0 samples in the training thread.
+    More than one needs a world of one (distributed sampling is a collective, made in batch order)."""
+    prefetch: int = 2
+    """Batches kept ready beyond those the workers are preparing."""
+    features_on_device: bool = False
+    """Keep the whole feature table on the device and send only ids (CUDA, world of one)."""
+    checkpoint_every: int = 1
+    """Write ``checkpoint.pt`` every this many epochs (and after the last); 0 never."""
+    resume: bool = False
+    """Continue from the run folder's checkpoint when there is one."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("num_workers", "prefetch", "patience", "checkpoint_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass(kw_only=True)
+class CacheConfig:
+    """Which remote feature rows each rank keeps (more than one rank only)."""
+
+    cache_mb: float = 64.0
+    """MiB of remote feature rows each rank caches (0 disables the cache)."""
+    cache_policy: str = "degree"
+    """``degree`` (most frequent sources of owned nodes' in-edges) or ``presample`` (most requested
+    while sampling ``presample_batches`` mini-batches)."""
+    presample_batches: int = 8
+    """Mini-batches sampled to count requests with the ``presample`` policy."""
+
+    def __post_init__(self) -> None:
+        if self.cache_mb < 0:
+            raise ValueError(f"--cache-mb must be >= 0, got {self.cache_mb}")
+        if self.cache_policy not in ("degree", "presample"):
+            raise ValueError(f"--cache-policy must be 'degree' or 'presample', got {self.cache_policy!r}")
+        if self.presample_batches < 0:
+            raise ValueError(f"presample_batches must be >= 0, got {self.presample_batches}")
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    """What a run achieved, at the epoch with the best validation score."""
+
+    metric: str
+    val: float
+    test: float
+    best_epoch: int
+    epochs_run: int
+    train_seconds: float
+    history: list[dict]
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The torch seed of ``rank`` in ``epoch``: independent streams, reproducible after a resume."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+def resident(array: np.ndarray, dtype: type) -> np.ndarray:
+    """``array`` in memory and writable: a copy of a (read-only) memory map, else the array itself."""
+    if isinstance(array, np.memmap) or not array.flags.writeable:
+        return np.array(array, dtype=dtype)
+    return np.ascontiguousarray(array, dtype=dtype)
+
+
+class Trainer:
+    """Trains a :class:`GNN` on partition ``runtime.rank`` (the whole graph in a world of one).
+
+    Args:
+        part: this rank's partition (``load_partition(dir, rank)`` or ``whole_graph_partition``).
+        runtime: process groups and device (``init_runtime(DistEnv())`` for a world of one).
+        split: which split's masks to use.
+        out: run folder for the checkpoint (rank 0 writes it), or None for none.
+        show_progress: draw progress within each epoch (rank 0 only).
+    """
+
+    def __init__(self, part: Partition, runtime: Runtime, *, split: int, model_config: ModelConfig,
+                 sampler_config: SamplerConfig, config: TrainConfig, cache_config: CacheConfig | None = None,
+                 out: Path | None = None, show_progress: bool = False) -> None:
+        if len(sampler_config.fanouts) != model_config.num_layers:
+            raise ValueError(f"got {len(sampler_config.fanouts)} fanouts for {model_config.num_layers} layers; "
+                             f"give one fanout per layer, e.g. --fanouts {','.join(['10'] * model_config.num_layers)}")
+        num_splits = part.train_masks.shape[0]
+        if not 0 <= split < num_splits:
+            raise ValueError(f"--split {split} is out of range: the dataset has {num_splits} split(s), "
+                             f"0..{num_splits - 1}")
+        self.part, self.runtime, self.config = part, runtime, config
+        self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
+        self._check_pipeline_options()
+        self.out, self.metric, self.show_progress = out, part.metric, show_progress and self.rank == 0
+        self.start, self.end = part.node_range
+        self.exchanger = Exchanger(runtime.sample_group, self.rank, self.world_size)
+        self._load_shard(split)
+        self._plan_steps()
+        self._build_stores(sampler_config, cache_config or CacheConfig())
+        with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank, the global RNG untouched
+            torch.manual_seed(config.seed)
+            self.module = GNN(model_config, self.features.row_shape[0], part.num_classes).to(self.device)
+        self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
+            if runtime.group is not None else self.module
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.loader, self.feeder = self._make_pipeline()
+        self._eval_blocks: list[tuple[Block, Tensor]] | None = None
+        self.fingerprint = {"num_nodes": part.book.num_nodes, "world_size": self.world_size, "split": split,
+                            "model": repr(model_config), "sampler": repr(sampler_config),
+                            "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
+                            "weight_decay": config.weight_decay}
+
+    # ------------------------------------------------------------------ set-up
+    def _check_pipeline_options(self) -> None:
+        cfg = self.config
+        if self.world_size > 1 and cfg.num_workers > 1:
+            raise ValueError(f"--num-workers {cfg.num_workers} needs a world of one: with {self.world_size} ranks "
+                             f"sampling and feature fetches are collectives made in batch order by one thread; "
+                             f"use --num-workers 1")
+        if cfg.features_on_device and (self.device.type != "cuda" or self.world_size > 1):
+            log.warning("--features-on-device has no effect here (it needs --device cuda and a world of one); "
+                        "batches are gathered on the host")
+            cfg.features_on_device = False
+
+    def _load_shard(self, split: int) -> None:
+        part = self.part
+
+        def owned(masks: np.ndarray) -> Tensor:
+            return torch.from_numpy(np.flatnonzero(np.asarray(masks[split]))) + self.start
+
+        self.train_ids, self.val_ids, self.test_ids = (owned(part.train_masks), owned(part.val_masks),
+                                                       owned(part.test_masks))
+        self.labels = torch.from_numpy(resident(part.labels, np.int64))
+        self.graph = LocalGraph(resident(part.indptr, np.int64), resident(part.indices, np.int64), start=self.start)
+        offsets = torch.from_numpy(np.asarray(part.book.offsets, dtype=np.int64))
+        self.features = DistTable(torch.from_numpy(resident(part.features, np.float32)), offsets, self.exchanger)
+        # The 1-hop halo: every non-owned source of an owned node's in-edge, with its edge count.
+        self.halo_ids, self._halo_counts = edge_source_counts(self.graph.indices, self.start, self.end)
+
+    def _build_stores(self, sampler_config: SamplerConfig, cache: CacheConfig) -> None:
+        self.degrees = None
+        if sampler_config.gcn_norm:
+            self.degrees = DistTable(self.graph.degree.to(torch.float32), self.features.offsets, self.exchanger)
+            self.degrees.fill_cache(self.halo_ids)
+        self.sampler = DistNeighborSampler(self.graph, self.features.offsets, self.exchanger, sampler_config,
+                                           self.degrees)
+        if self.world_size == 1:
+            return
+        rows = min(cache_rows_for(cache.cache_mb, self.features.row_shape, self.features.rows.dtype),
+                   self.halo_ids.numel())
+        candidates, counts = self.halo_ids, self._halo_counts
+        if cache.cache_policy == "presample" and rows:
+            candidates, counts = self._presample_counts(cache.presample_batches)
+        self.features.fill_cache_by_counts(candidates, counts, min(rows, candidates.numel()))
+        log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB, %s)",
+                 self.rank, self.end - self.start, self.graph.indices.size, self.halo_ids.numel(),
+                 self.features.cache_ids.numel(), self.features.cache_bytes / 2**20, cache.cache_policy)
+
+    def _presample_counts(self, num_batches: int) -> tuple[Tensor, Tensor]:
+        """Non-owned input nodes of the first epoch's first few batches, with how often each was needed."""
+        batches = split_batches(self.train_ids, self.config.batch_size, False, self._num_batches())
+        needed = []
+        for step in range(min(num_batches, len(batches))):
+            rng = np.random.default_rng((self.config.seed, 0, step, self.rank))
+            ids = self.sampler.sample(batches[step], rng=rng).input_ids
+            needed.append(ids[(ids < self.start) | (ids >= self.end)])
+        if not needed:
+            return self.halo_ids[:0], self.halo_ids[:0]
+        return torch.unique(torch.cat(needed), return_counts=True)
+
+    def _num_batches(self) -> int | None:
+        """Batches per epoch where ranks must agree on it (None in a world of one: cut by batch size)."""
+        if self.world_size == 1:
+            return None
+        return max(math.ceil(n / self.config.batch_size) for n in self.train_counts)
+
+    def _plan_steps(self) -> None:
+        """Every rank takes the same number of steps; ``step_seeds[i]`` is step ``i``'s seeds over all ranks."""
+        self.train_counts = self.exchanger.all_gather_counts(self.train_ids.numel())
+        steps = self._num_batches()
+        short = [r for r, n in enumerate(self.train_counts) if steps is not None and n < steps]
+        if short:
+            raise ValueError(f"partition {short[0]} has {self.train_counts[short[0]]} training node(s) but every rank "
+                             f"takes {steps} steps per epoch; re-partition with --balance nodes,train or raise "
+                             f"--batch-size")
+        sizes = [[len(b) for b in split_batches(torch.arange(n), self.config.batch_size, False, steps)]
+                 for n in self.train_counts]
+        self.steps = len(sizes[0])
+        self.step_seeds = torch.tensor(np.sum(sizes, axis=0), dtype=torch.float32)
+
+    def _make_pipeline(self) -> tuple[PrefetchLoader, DeviceFeeder]:
+        cfg, on_device = self.config, self.config.features_on_device
+        table = self.features.rows if self.world_size == 1 else self.features
+        loader = PrefetchLoader(self.sampler.sample, self.train_ids, table, self.labels, LoaderConfig(
+            batch_size=cfg.batch_size, num_workers=cfg.num_workers, prefetch=cfg.prefetch, seed=cfg.seed,
+            pin_memory=self.device.type == "cuda", gather_features=not on_device,
+            num_batches=self._num_batches(), rank=self.rank), first_id=self.start)
+        return loader, DeviceFeeder(self.device, self.features.rows.to(self.device) if on_device else None)
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
+        """One pass over every rank's training nodes: the global mean loss, and this rank's time split."""
+        self.model.train()
+        torch.manual_seed(epoch_seed(self.config.seed, epoch, self.rank))
+        self.loader.epoch = epoch
+        loss_sum, start = 0.0, time.perf_counter()
+        with Progress(self.steps, desc=f"epoch {epoch}", enabled=self.show_progress) as progress:
+            for step, item in enumerate(self.feeder(self.loader)):
+                logits = self.model(item.batch.blocks, item.x)
+                loss = F.cross_entropy(logits, item.y, reduction="sum")
+                self.optimizer.zero_grad(set_to_none=True)
+                # DDP averages over ranks; scaled so that the average is the gradient of the step's global mean.
+                (loss * (self.world_size / self.step_seeds[step])).backward()
+                self.optimizer.step()
+                # .item() waits for the device: it keeps the wait/compute split honest on CUDA.
+                loss_sum += loss.item()
+                progress.update()
+        seconds, stats = time.perf_counter() - start, self.loader.stats
+        times = {"wait_s": stats.wait, "compute_s": seconds - stats.wait, "sample_s": stats.sample,
+                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds}
+        self.feeder.copy_seconds = 0.0
+        total = self.exchanger.all_reduce(torch.tensor([loss_sum], dtype=torch.float64))
+        return float(total[0]) / float(self.step_seeds.sum()), times
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_blocks_of_owned(self) -> list[tuple[Block, Tensor]]:
+        """Full-neighbour blocks over the owned nodes, with each block's rows in ``cat(owned, halo)``."""
+        if self._eval_blocks is None:
+            owned = torch.arange(self.start, self.end, dtype=torch.int64)
+            lookup = self.degrees.lookup if self.degrees is not None else None
+            self._eval_blocks = []
+            for chunk in owned.split(self.config.eval_batch_size):
+                src, counts = self.graph.sample(chunk, -1, False, None)
+                block = make_block(chunk, src, counts, self.sampler.config, lookup)
+                ids = block.src_ids
+                is_owned = (ids >= self.start) & (ids < self.end)
+                rows = torch.where(is_owned, ids - self.start,
+                                   (self.end - self.start) + torch.searchsorted(self.halo_ids, ids))
+                self._eval_blocks.append((block, rows))
+        return self._eval_blocks
+
+    @torch.no_grad()
+    def inference(self) -> Tensor:
+        """Logits float [num_owned, num_classes] of the owned nodes, layer by layer over all neighbours."""
+        self.module.eval()
+        table = self.features
+        for layer in range(self.module.num_layers):
+            every = table.rows if not self.halo_ids.numel() else torch.cat([table.rows, table.gather(self.halo_ids)])
+            out = torch.empty(self.end - self.start, self.module.output_width(layer))
+            for block, rows in self._eval_blocks_of_owned():
+                x = every.index_select(0, rows).to(self.device)
+                out[block.dst_ids - self.start] = self.module.layer(layer, block.to(self.device), x).cpu()
+            table = DistTable(out, self.features.offsets, self.exchanger)
+        return table.rows
+
+    def evaluate(self) -> tuple[float, float]:
+        """``(val, test)`` over the val/test nodes of every rank (each rank returns the same)."""
+        logits = self.inference()
+        scores = []
+        for ids in (self.val_ids, self.test_ids):
+            local = ids - self.start
+            every_logits = self.exchanger.all_gather_rows(logits.index_select(0, local))
+            every_labels = self.exchanger.all_gather_rows(self.labels.index_select(0, local))
+            scores.append(evaluate(self.metric, every_logits, every_labels))
+        return scores[0], scores[1]
+
+    # ------------------------------------------------------------------ the loop
+    def _epoch_record(self, epoch: int) -> dict[str, Any]:
+        self.exchanger.stats.reset()
+        self.features.stats.reset()
+        start = time.perf_counter()
+        loss, times = self.train_epoch(epoch)
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, "epoch_seconds": time.perf_counter() - start,
+                                  **self._reduce_epoch_stats(times)}
+        if epoch % self.config.eval_every == 0 or epoch == self.config.epochs:
+            record["val"], record["test"] = self.evaluate()
+        return record
+
+    def _reduce_epoch_stats(self, times: dict[str, float]) -> dict[str, float]:
+        """Stage times averaged over ranks; bytes and cache counts summed (more than one rank)."""
+        feats, comm = self.features.stats, self.exchanger.stats
+        values = torch.tensor([*times.values(), comm.bytes_sent, comm.bytes_received, feats.cache_hits,
+                               feats.remote_rows], dtype=torch.float64)
+        self.exchanger.all_reduce(values)
+        stats = {name: round(float(values[i]) / self.world_size, 4) for i, name in enumerate(times)}
+        if self.world_size > 1:
+            hits, misses = float(values[-2]), float(values[-1])
+            stats.update(bytes_sent=int(values[-4]), bytes_received=int(values[-3]),
+                         cache_hit_rate=hits / (hits + misses) if hits + misses else 0.0)
+        return stats
+
+    def _log_epoch(self, record: dict[str, Any], state: FitState) -> None:
+        if self.rank != 0:
+            return
+        line = f"epoch {record['epoch']:3d}  loss {record['loss']:.4f}  {record['epoch_seconds']:.2f}s"
+        if "val" in record:
+            line += f"  val {self.metric} {record['val']:.4f}  (best {state.best['val']:.4f} @ {state.best['epoch']})"
+        line += "  (wait {wait_s:.2f}s compute {compute_s:.2f}s | workers: sample {sample_s:.2f}s " \
+                "gather {gather_s:.2f}s)".format(**record)
+        if self.world_size > 1:
+            line += f"  sent {record['bytes_sent'] / 2**20:.1f} MiB  cache hit {record['cache_hit_rate']:.1%}"
+        log.info(line)
+
+    def _checkpoint(self, state: FitState) -> None:
+        every, path = self.config.checkpoint_every, self._checkpoint_path()
+        if self.rank != 0 or path is None or not every:
+            return
+        if state.epoch % every == 0 or state.epoch == self.config.epochs or state.stopped:
+            save_checkpoint(path, {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                   "fit": state.as_dict(), "fingerprint": self.fingerprint})
+
+    def _checkpoint_path(self) -> Path | None:
+        return self.out / CHECKPOINT_NAME if self.out is not None else None
+
+    def _restore(self) -> FitState:
+        """Rank 0 reads the checkpoint and broadcasts it (no shared file system is assumed)."""
+        path = self._checkpoint_path()
+        payload: list[Any] = [None]
+        if self.rank == 0 and path is not None and path.exists():
+            try:
+                payload[0] = load_checkpoint(path, self.fingerprint)
+            except ValueError as err:  # every rank must learn it, or the others wait in the broadcast
+                payload[0] = str(err)
+        if self.runtime.sample_group is not None:
+            dist.broadcast_object_list(payload, src=0, group=self.runtime.sample_group)
+        if isinstance(payload[0], str):
+            raise ValueError(payload[0])
+        if payload[0] is None:
+            return FitState()
+        self.module.load_state_dict(payload[0]["model"])
+        self.optimizer.load_state_dict(payload[0]["optimizer"])
+        state = FitState(**payload[0]["fit"])
+        log.info("resumed from epoch %d (best val %.4f at epoch %d)", state.epoch, state.best.get("val", float("nan")),
+                 state.best.get("epoch", 0))
+        return state
+
+    def fit(self) -> TrainResult:
+        """Train with early stopping on the validation score; the model keeps the best epoch's weights."""
+        state = self._restore() if self.config.resume else FitState()
+        if self.rank == 0:
+            log.info("training %s on %d rank(s): %s train nodes per rank, %d steps per epoch",
+                     self.module.config.model, self.world_size, self.train_counts, self.steps)
+        state = fit(state, epochs=self.config.epochs, patience=self.config.patience, score_key="val",
+                    train_epoch=self._epoch_record, log_epoch=self._log_epoch, after_epoch=self._checkpoint,
+                    snapshot=lambda: {k: v.detach().clone() for k, v in self.module.state_dict().items()})
+        if state.best_state is not None:
+            self.module.load_state_dict(state.best_state)
+        best = state.best
+        return TrainResult(metric=self.metric, val=best.get("val", -math.inf), test=best.get("test", math.nan),
+                           best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
+                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history)
