@@ -34,8 +34,13 @@ class Block:
     """float32 [num_edges] or None: per-edge weight (GCN normalisation), used by layers that accept it."""
 
     def __post_init__(self) -> None:
-        assert self.indptr.numel() == self.num_dst + 1, "indptr must have num_dst + 1 entries"
-        assert self.num_dst <= self.src_ids.numel(), "destinations must be a prefix of the sources"
+        # Blocks also come from files (MiniBatch.load): a malformed one is an input error, not a bug.
+        if self.indptr.numel() != self.num_dst + 1:
+            raise ValueError(f"block indptr has {self.indptr.numel()} entries for {self.num_dst} destinations; "
+                             f"it needs num_dst + 1 (re-create the saved batch)")
+        if self.num_dst > self.src_ids.numel():
+            raise ValueError(f"block has {self.num_dst} destinations but only {self.src_ids.numel()} sources; the "
+                             f"destinations must be a prefix of the sources (re-create the saved batch)")
 
     @property
     def num_src(self) -> int:

@@ -175,7 +175,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
     User errors (``ValueError``, ``FileNotFoundError``) end as one ``error:`` line and status 2.
     """
     from gnnscale import interrupt
-    from gnnscale.distributed.env import read_env
+    from gnnscale.distributed.env import read_env, share_cores
     from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
 
     try:
@@ -183,6 +183,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                             format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
         env = read_env()
+        share_cores(env)  # process-wide settings belong here, in main, not in a constructor
         if env.is_main:  # every rank sees the same options: one warning is enough
             warn_no_effect(parser, args, rules, world_size=env.world_size)
         interrupt.install()

@@ -125,7 +125,7 @@ def test_subset(tmp_path: Path) -> None:
 
 
 def test_events_assert_internal_invariants() -> None:
-    with pytest.raises(AssertionError, match="non-decreasing"):
+    with pytest.raises(ValueError, match="non-decreasing"):
         TemporalEvents(src=np.zeros(2, np.int64), dst=np.ones(2, np.int64), t=np.array([1.0, 0.0]), num_nodes=2,
                        name="x")
 

@@ -65,21 +65,28 @@ class TemporalEvents:
     """int64 [num_nodes]: the file's id of each node when the loader relabelled ids, else None."""
 
     def __post_init__(self) -> None:
-        num_events = self.src.shape[0]
-        assert self.src.dtype == np.int64 and self.src.ndim == 1, (self.src.dtype, self.src.shape)
-        assert self.dst.dtype == np.int64 and self.dst.shape == (num_events,), (self.dst.dtype, self.dst.shape)
-        assert self.t.dtype == np.float64 and self.t.shape == (num_events,), (self.t.dtype, self.t.shape)
-        assert not np.any(np.diff(self.t) < 0), "event times must be non-decreasing"
-        if self.edge_features is not None:
-            assert self.edge_features.dtype == np.float32, self.edge_features.dtype
-            assert self.edge_features.ndim == 2 and self.edge_features.shape[0] == num_events
-        if self.labels is not None:
-            assert self.labels.dtype == np.float32 and self.labels.shape == (num_events,)
-        if num_events:
-            assert min(self.src.min(), self.dst.min()) >= 0
-            assert max(self.src.max(), self.dst.max()) < self.num_nodes, "node id >= num_nodes"
-        if self.orig_ids is not None:
-            assert self.orig_ids.dtype == np.int64 and self.orig_ids.shape == (self.num_nodes,)
+        n = self.src.shape[0]
+        checks = [
+            (self.src.dtype == np.int64 and self.src.ndim == 1, f"src must be int64 [E], got {self.src.dtype} "
+                                                                 f"{self.src.shape}"),
+            (self.dst.dtype == np.int64 and self.dst.shape == (n,), f"dst must be int64 [{n}], got {self.dst.dtype} "
+                                                                    f"{self.dst.shape}"),
+            (self.t.dtype == np.float64 and self.t.shape == (n,), f"t must be float64 [{n}], got {self.t.dtype} "
+                                                                  f"{self.t.shape}"),
+            (not np.any(np.diff(self.t) < 0), "event times must be non-decreasing; sort the events by time"),
+            (self.edge_features is None or (self.edge_features.dtype == np.float32 and self.edge_features.ndim == 2
+                                            and self.edge_features.shape[0] == n), f"edge_features must be float32 [{n}, D]"),
+            (self.labels is None or (self.labels.dtype == np.float32 and self.labels.shape == (n,)),
+             f"labels must be float32 [{n}]"),
+            (not n or min(self.src.min(), self.dst.min()) >= 0, "node ids must be >= 0"),
+            (not n or max(self.src.max(), self.dst.max()) < self.num_nodes, f"node ids must be < num_nodes "
+                                                                              f"({self.num_nodes})"),
+            (self.orig_ids is None or (self.orig_ids.dtype == np.int64 and self.orig_ids.shape == (self.num_nodes,)),
+             f"orig_ids must be int64 [{self.num_nodes}]"),
+        ]
+        for ok, problem in checks:
+            if not ok:
+                raise ValueError(f"events {self.name!r}: {problem}")
 
     @property
     def num_events(self) -> int:

@@ -142,6 +142,13 @@ def select_device(requested: str, env: DistEnv) -> torch.device:
     return torch.device(requested)
 
 
+def share_cores(env: DistEnv) -> None:
+    """Give each rank of this host its share of the cores (unless ``OMP_NUM_THREADS`` says otherwise):
+    torch's default, every core per process, oversubscribes a host running several ranks."""
+    if env.is_distributed and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
 def init_runtime(env: DistEnv, device: str = "cpu", *, timeout: float = 60.0) -> Runtime:
     """Join the job: the rendezvous store, the gradient group and the sampling group.
 
@@ -166,9 +173,6 @@ def init_runtime(env: DistEnv, device: str = "cpu", *, timeout: float = 60.0) ->
     dist.init_process_group(backend, store=dist.PrefixStore("pg/", prefixed), rank=env.rank,
                             world_size=env.world_size, timeout=wait)
     sample_group = dist.new_group(backend="gloo", timeout=wait)
-    threads = max(1, (os.cpu_count() or 1) // env.local_world_size)
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads)
     log.info("rank %d/%d joined (%s, %d threads per rank, store %s:%d)", env.rank, env.world_size, backend,
              torch.get_num_threads(), env.master_addr, env.master_port)
     return Runtime(env=env, device=dev, group=dist.group.WORLD, sample_group=sample_group, store=prefixed)

@@ -16,15 +16,16 @@ from torch import Tensor
 
 from gnnscale.batch import Block
 
-# torch prints a one-off "sparse CSR support is in beta" warning; the operations we use are stable.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
 def adjacency(block: Block, edge_weight: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
     """The block as a sparse CSR matrix [num_dst, num_src], with ``edge_weight`` (or ones) as values."""
     values = edge_weight if edge_weight is not None else torch.ones(block.num_edges, dtype=dtype,
                                                                      device=block.indptr.device)
-    return torch.sparse_csr_tensor(block.indptr, block.indices, values.to(dtype), size=(block.num_dst, block.num_src))
+    with warnings.catch_warnings():  # torch's one-off "sparse CSR support is in beta": the ops we use are stable
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        return torch.sparse_csr_tensor(block.indptr, block.indices, values.to(dtype),
+                                       size=(block.num_dst, block.num_src))
 
 
 def spmm_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None) -> Tensor:

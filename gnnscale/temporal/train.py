@@ -133,8 +133,9 @@ class TemporalLinkTrainer:
             if self.world_size > 1:
                 raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
             owner = np.zeros(events.num_nodes, dtype=np.int64)
-        torch.manual_seed(config.seed)
-        self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
+        with torch.random.fork_rng(devices=[]):  # seeded weights, the global generator untouched
+            torch.manual_seed(config.seed)
+            self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
