@@ -9,8 +9,8 @@ ReLU + dropout 0.5 between layers, fanouts 15,10,5 from the input side, batch 10
 lr 0.01 with weight decay 5e-4, the same training nodes, CPU), each side with ``--workers``
 loader workers:
 
-* **ours**: ``NodeClassificationTrainer`` (pure-torch ``gnnscale.nn.GNN``) fed by
-  ``gnnscale.pipeline.PrefetchLoader`` over ``samplers.NeighborSampler`` with ``--workers``
+* **ours**: ``gnnscale.train.trainer.Trainer`` in a world of one (pure-torch ``gnnscale.nn.GNN``)
+  fed by ``gnnscale.pipeline.PrefetchLoader`` over the vectorised sampling kernel with ``--workers``
   worker threads; validation accuracy from ``trainer.evaluate()``.
 * **dgl**: ``dgl.dataloading.DataLoader`` over ``dgl.dataloading.NeighborSampler([15, 10, 5],
   prefetch_node_feats=["feat"], prefetch_labels=["label"])`` with ``num_workers=--workers``
