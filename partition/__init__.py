@@ -18,37 +18,11 @@ hashes and write the manifest.  The folder is written as ``OUT.tmp-<pid>`` and r
 ``OUT`` at the end, so it is complete or absent; ``--force`` replaces an existing one only
 after the new one is complete.
 
-The folder (format version 1)::
-
-    OUT/
-    |-- manifest.json        format name + version; num_nodes, num_edges, num_parts,
-    |                        node_ranges [[start_p, end_p), ...] tiling [0, N) in order;
-    |                        num_classes, metric, num_splits, halo_hops;
-    |                        node_data {name: dtype, global shape}; partitioning (method,
-    |                        balance constraints, seed, METIS options); quality (edge cut,
-    |                        balance max/mean per constraint, halo sizes, replication
-    |                        factor); stages (seconds and peak RSS of each); parts (per
-    |                        partition counts); files {path: bytes, sha256, dtype, shape};
-    |                        command; created; gnnscale_version
-    |-- orig2new.npy         int64 [N]       new global id of every original node id
-    |-- part0/
-    |   |-- indptr.npy       int64 [n_0 + 1] CSC offsets over owned local destination ids
-    |   |-- indices.npy      int64 [E_0]     source of each in-edge of an owned node, NEW GLOBAL id
-    |   |-- halo_ids.npy     int64 [h_0]     sorted new global ids of non-owned nodes within
-    |   |                                    halo_hops in-hops of owned nodes
-    |   |-- orig_ids.npy     int64 [n_0]     original id of each owned node (local order)
-    |   |-- features.npy     float32 [n_0, F]
-    |   |-- labels.npy       int64 [n_0]
-    |   |-- train_masks.npy  bool [S, n_0]   every split of the source dataset
-    |   |-- val_masks.npy    bool [S, n_0]
-    |   `-- test_masks.npy   bool [S, n_0]
-    |-- part1/ ...
-    `-- part{K-1}/ ...
-
-Partition ``p`` owns new global ids ``[start_p, end_p)``; its local id ``i`` is global id
-``start_p + i``.  Every edge of the source graph is stored exactly once, as an in-edge of
-its destination, in the partition that owns the destination; within a destination the
-sources keep the source dataset's order.  Every file is a plain ``.npy`` that opens with
+The folder's layout (format version 1) and its three id spaces are drawn in the README,
+"The partition folder": a ``manifest.json``, ``orig2new.npy``, and per partition ``part<p>/``
+the arrays of :data:`partition.format.PART_ARRAYS`.  Partition ``p`` owns the new global ids
+``[start_p, end_p)``; every edge is stored once, as an in-edge of its destination, in the
+partition owning the destination.  Every file is a plain ``.npy`` that opens with
 ``np.load(path, mmap_mode="r", allow_pickle=False)``.
 
 Public API:

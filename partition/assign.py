@@ -48,13 +48,8 @@ def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
 
 
 def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndarray, dict]:
-    """METIS k-way partition of the symmetrised graph with one vertex-weight column per constraint.
-
-    METIS' multi-constraint k-way (as bundled with pymetis) does not enforce its tolerance
-    ``1 + ufactor/1000``: on graphs of 10^3-10^5 nodes with skewed degrees it can leave a
-    constraint 10-75% over the mean.  When it does, :func:`~partition.rebalance.rebalance`
-    moves nodes until every constraint is within the tolerance (``config.rebalance``).
-    """
+    """METIS k-way partition of the symmetrised graph with one vertex-weight column per constraint,
+    then (``config.rebalance``) :func:`~partition.rebalance.rebalance` where METIS misses its tolerance."""
     import pymetis  # noqa: PLC0415 - only this method needs it
 
     xadj, adjncy = metis_adjacency(dataset.indptr, dataset.indices)

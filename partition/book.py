@@ -1,18 +1,13 @@
 """The partition book: which partition owns a node, and the three id spaces, mapped both ways.
 
-Id spaces:
+Id spaces: **original** ids (the source dataset's); **new global** ids, partition ``p`` owning
+``[offsets[p], offsets[p + 1])`` (every stored edge and halo list uses these); **local** ids,
+``new - offsets[p]``, the row of a node in its partition's arrays.
 
-* **original** ids: the node ids of the source dataset.
-* **new global** ids: after relabelling, partition ``p`` owns the contiguous range
-  ``[offsets[p], offsets[p + 1])``.  Every stored edge and halo list uses these.
-* **local** ids: ``new - offsets[p]`` inside partition ``p``; row ``i`` of its feature,
-  label and mask arrays belongs to local node ``i``.
-
-The book itself is small (``offsets``, int64 [K + 1]).  ``orig2new`` (int64 [N]) and each
-partition's ``orig_ids`` (int64 [n_p], the original id of every owned node, i.e. the slice
-``new2orig[offsets[p]:offsets[p + 1]]``) are memory-mapped, and a partition's ``orig_ids``
-is opened only when an id of that partition is translated.  Every method is vectorised:
-it takes an integer array (or scalar) and returns an int64 array of the same shape.
+The book itself is small (``offsets``, int64 [K + 1]); ``orig2new`` (int64 [N]) and each
+partition's ``orig_ids`` are memory-mapped, a partition's ``orig_ids`` opened only when an id
+of it is translated.  Every method is vectorised: it takes an integer array (or scalar) and
+returns an int64 array of the same shape.
 """
 
 from __future__ import annotations

@@ -39,10 +39,8 @@ class PartitionConfig:
     """METIS refinement iterations per level (METIS' default: 10).  On the 1M-node benchmark
     graph 4 gives the same cut as 10, about 5% faster; >= 1."""
     rebalance: bool = True
-    """Move nodes after METIS until every constraint is within ``1 + ufactor/1000`` of its
-    mean (METIS' multi-constraint k-way does not guarantee it; see :mod:`partition.rebalance`).
-    Off: keep METIS' assignment as it is, with a smaller cut but possibly worse balance.
-    Not used by ``"random"``."""
+    """Move nodes after METIS until every constraint is within ``1 + ufactor/1000`` of its mean
+    (:mod:`partition.rebalance`); off keeps METIS' smaller cut and worse balance.  Not used by ``"random"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rebalance, bool):

@@ -6,12 +6,9 @@ and on 20k-node synthetic graphs 5-10% over.  A rank's load is what it owns, and
 slowest rank sets the pace of every synchronous step, so a partition folder should keep
 the balance it promises.  This pass lowers the total overload (how far each constraint of
 each partition exceeds ``tolerance x mean``) by moving nodes, those adding the fewest cut
-edges per unit of overload removed first, until nothing is over or no move helps.  Where
-METIS already met the tolerance (the 1M-node benchmark graph) it moves nothing.
-
-It costs cut where it works hard (tolokers, K=3: 14.5% -> 33.2%, where DGL's METIS build
-balances at 27.3%): moves go one way, and once every partition sits at the cap of some
-constraint, cut-reducing moves no longer fit; pairwise swaps would be the next step.
+edges per unit of overload removed first, until nothing is over or no move helps.  What it
+costs in cut (moves go one way only; pairwise swaps would be the next step) is measured in
+the README, under Partitioning.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from partition.segments import gather_segments
 
 
 def rebalance(parts: np.ndarray, weights: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray, num_parts: int,
-              tolerance: float, max_rounds: int | None = None) -> tuple[np.ndarray, int]:
+              tolerance: float) -> tuple[np.ndarray, int]:
     """Move nodes until every partition's total of every weight column is at most ``tolerance`` x its mean.
 
     The potential minimised is the total overload ``sum over partitions p and constraints c of
@@ -39,7 +36,6 @@ def rebalance(parts: np.ndarray, weights: np.ndarray, xadj: np.ndarray, adjncy: 
         weights: int [N, C] vertex weights, one column per constraint.
         xadj, adjncy: int64 symmetric CSR adjacency (what METIS partitioned).
         tolerance: e.g. 1.03.
-        max_rounds: rounds at most (one overloaded partition relieved per round); default ``8 * K``.
 
     Returns:
         ``(new parts, number of nodes moved)``.
@@ -55,7 +51,7 @@ def rebalance(parts: np.ndarray, weights: np.ndarray, xadj: np.ndarray, adjncy: 
         return np.maximum(0.0, t / mean - tolerance)
 
     moved = 0
-    for _ in range(max_rounds or 8 * num_parts):
+    for _ in range(8 * num_parts):  # one overloaded partition relieved per round
         excess = overload(totals).sum(axis=1)
         if not excess.any():
             break

@@ -1,21 +1,11 @@
 """``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
 
-Checks, in order (each failure raises :class:`PartitionError` naming the file and the problem):
-
-1. the manifest: our format, a version this code reads, every key present;
-2. files: every array of the format is listed, present, of the recorded size and (unless
-   ``checksums=False``) sha256;
-3. id ranges: ``node_ranges`` tile ``[0, N)`` contiguously, in partition order;
-4. arrays: each ``.npy`` header matches the manifest's dtype and shape;
-5. ownership: ``orig2new[orig_ids of p]`` is exactly ``p``'s range for every ``p``, so each
-   original node is owned exactly once and the id maps invert each other;
-6. structure: offsets start at 0, never decrease and end at the edge count; sources are
-   valid ids; edge counts sum to the manifest's; labels lie in ``[0, num_classes)``; the halo
-   is sorted, outside the owned range, and equals the H-hop in-neighbourhood recomputed
-   from the partitions' own edges;
-7. with a dataset: the same sizes; each owned node's stored in-edges equal the dataset's
-   (as a multiset, in original ids) -- hence every original edge is stored exactly once, as
-   an in-edge of its destination's owner; features, labels and masks equal the dataset's rows.
+The checks, in order (the README, "Verifying a folder"): the manifest; every file listed, present,
+of its recorded size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; ownership
+(``orig2new`` and every ``orig_ids`` invert each other); CSC structure, source ids, edge count,
+labels and the H-hop halos recomputed from the partitions' own edges; with a dataset, the same
+in-edges (as multisets, in original ids), features, labels and masks.  Each failure raises
+:class:`PartitionError` naming the file and the problem.
 """
 
 from __future__ import annotations
