@@ -1,18 +1,9 @@
-"""The common dataset command-line contract, shared by every gnnscale command.
+"""The common dataset command-line contract, shared by every gnnscale command (the README's Training table).
 
-``add_dataset_arguments(parser)`` adds::
-
-    --dataset {synthetic,cora,citeseer,tolokers,dgl,ogb,edgelist}   which loader
-    --data-dir PATH                                                 where its files are
-    --split I                                                       which split, for datasets with several
-    --num-nodes N --avg-degree D --num-classes C --feat-dim F       the synthetic graph
-    --seed S                                                        seed of the synthetic graph (and of
-                                                                    whatever else the command randomises)
-
+``add_dataset_arguments(parser)`` adds ``--dataset``, ``--split`` and the synthetic graph's options
 (``--data-dir`` and ``--seed`` as defined once in :mod:`gnnscale.options`), and
-``dataset_from_args(args)`` turns them into a :class:`GraphDataset`.  Kept free of
-heavy imports: a command that only partitions or verifies never imports torch or dgl
-unless its dataset format needs it.
+``dataset_from_args(args)`` turns them into a :class:`GraphDataset`.  Kept free of heavy imports: a
+command that only partitions or verifies never imports torch or dgl unless its dataset format needs it.
 """
 
 from __future__ import annotations

@@ -118,22 +118,10 @@ class GraphDataset:
             bad = int(self.indices.max()) if self.indices.max() >= n else int(self.indices.min())
             raise fail(src, "edges", f"node id {bad} is out of range [0, {n})",
                        "check the edge list against the number of nodes (ids must be 0-based)")
-        if self.features.ndim != 2 or self.features.shape[0] != n:
-            raise fail(src, "features", f"expected shape [{n}, num_features], got {list(self.features.shape)}",
-                       "give one feature row per node")
-        if not np.isfinite(self.features).all():
-            row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
-            raise fail(src, "features", f"non-finite value (NaN or inf) in row {row}",
-                       "clean or impute the features before loading")
-        if self.labels.shape != (n,):
-            raise fail(src, "labels", f"expected shape [{n}], got {list(self.labels.shape)}",
-                       "give exactly one integer label per node")
+        check_features(self.features, n, src)
         if self.num_classes < 1:
             raise fail(src, "labels", f"num_classes must be >= 1, got {self.num_classes}", "check the label file")
-        if n and (self.labels.min() < 0 or self.labels.max() >= self.num_classes):
-            bad = int(self.labels.min()) if self.labels.min() < 0 else int(self.labels.max())
-            raise fail(src, "labels", f"label {bad} is out of range [0, {self.num_classes})",
-                       "labels must be class ids 0..num_classes-1")
+        check_labels(self.labels, n, src, self.num_classes)
         for name, masks in (("train_mask", self.train_masks), ("val_mask", self.val_masks), ("test_mask", self.test_masks)):
             if masks.shape[1] != n:
                 raise fail(src, name, f"expected {n} entries per split, got {masks.shape[1]}", "give one mask entry per node")
@@ -151,6 +139,53 @@ class GraphDataset:
         return (f"GraphDataset(name={self.name!r}, num_nodes={self.num_nodes:,}, num_edges={self.num_edges:,}, "
                 f"num_features={self.num_features}, num_classes={self.num_classes}, num_splits={self.num_splits}, "
                 f"metric={self.metric!r})")
+
+
+def check_features(features: np.ndarray, num_nodes: int, source: str) -> np.ndarray:
+    """Return ``features`` as float32 [num_nodes, F], or raise naming the bad shape, dtype or first NaN row."""
+    if features.ndim != 2 or features.shape[0] != num_nodes:
+        raise fail(source, "features", f"expected shape [{num_nodes}, num_features], got {list(features.shape)}",
+                   "give one feature row per node, in node-id order")
+    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)
+            or features.dtype == np.bool_):
+        raise fail(source, "features", f"expected numbers, got dtype {features.dtype}", "store features as floats")
+    features = features.astype(np.float32, copy=False)
+    finite = np.isfinite(features)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+        raise fail(source, "features", f"non-finite value (NaN or inf) in row {row}",
+                   "clean or impute the features before loading")
+    return features
+
+
+def check_labels(labels: np.ndarray, num_nodes: int, source: str,
+                 num_classes: int | None = None) -> tuple[np.ndarray, int]:
+    """Return ``(labels as int64 [num_nodes], num_classes)``; ``num_classes`` defaults to max label + 1.
+
+    Accepts integer labels of shape [N] or [N, 1] (the OGB/DGL habit); anything else
+    (floats with fractions, several label columns, negatives) raises a DatasetError.
+    """
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.shape != (num_nodes,):
+        raise fail(source, "labels", f"expected shape [{num_nodes}], got {list(labels.shape)}",
+                   "give exactly one integer class id per node (multi-label tasks are not supported)")
+    if np.issubdtype(labels.dtype, np.floating):
+        if not np.array_equal(labels, np.round(labels)):
+            raise fail(source, "labels", "values are not whole numbers", "store labels as integer class ids")
+    elif not np.issubdtype(labels.dtype, np.integer):
+        raise fail(source, "labels", f"expected integer class ids, got dtype {labels.dtype}",
+                   "store labels as integer class ids")
+    labels = labels.astype(np.int64, copy=False)
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0:
+        raise fail(source, "labels", f"label {low} is negative", "labels must be class ids 0..num_classes-1")
+    if num_classes is None:
+        num_classes = high + 1
+    elif high >= num_classes:
+        raise fail(source, "labels", f"label {high} is out of range [0, {num_classes})",
+                   f"labels must be class ids 0..{num_classes - 1}, or pass a larger num_classes")
+    return labels, num_classes
 
 
 def _as_split_masks(mask: np.ndarray) -> np.ndarray:

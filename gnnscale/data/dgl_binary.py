@@ -22,8 +22,8 @@ from types import ModuleType
 
 import numpy as np
 
-from gnnscale.data.dataset import DatasetError, GraphDataset, fail
-from gnnscale.data.loaders import check_features, check_labels, edges_to_csc, require_file
+from gnnscale.data.dataset import DatasetError, GraphDataset, check_features, check_labels, fail
+from gnnscale.data.loaders import edges_to_csc, require_file
 
 _NDATA_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
 _INSTALL_FIX = ("install the extra, on Python 3.11: pip install 'gnnscale[dgl]' 'torch==2.2.1' 'numpy<2' "

@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gnnscale.data.dataset import GraphDataset, fail
-from gnnscale.data.loaders import (check_features, check_labels, edges_to_csc, random_split, require_dir,
-                                   require_file)
+from gnnscale.data.dataset import GraphDataset, check_features, check_labels, fail
+from gnnscale.data.loaders import check_split_masks, edges_to_csc, random_split, require_dir, require_file
 
 _FORMAT_FIX = "see gnnscale/data/edgelist.py for the folder layout"
 _MASK_NAMES = ("train_mask", "val_mask", "test_mask")
@@ -65,7 +64,9 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
 
     present = [(folder / f"{mask}.npy").is_file() for mask in _MASK_NAMES]
     if all(present):
-        masks = [_read_mask(folder / f"{mask}.npy", mask, num_nodes) for mask in _MASK_NAMES]
+        paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
+        masks = [check_split_masks(_load_npy(path, mask), num_nodes, str(path), mask)
+                 for path, mask in zip(paths, _MASK_NAMES)]
         _check_disjoint(masks, folder)
     elif any(present):
         missing = [mask for mask, ok in zip(_MASK_NAMES, present) if not ok]
@@ -154,20 +155,6 @@ def _is_number(token: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _read_mask(path: Path, field_name: str, num_nodes: int) -> np.ndarray:
-    """bool [S, N] from a bool [N] or [S, N] file."""
-    mask = _load_npy(path, field_name)
-    if mask.ndim == 1:
-        mask = mask[None, :]
-    if mask.ndim != 2 or mask.shape[1] != num_nodes:
-        raise fail(str(path), field_name, f"expected shape [{num_nodes}] or [num_splits, {num_nodes}], "
-                   f"got {list(mask.shape)}", "store one boolean per node (and per split)")
-    if mask.dtype != np.bool_:
-        raise fail(str(path), field_name, f"expected dtype bool, got {mask.dtype}",
-                   "save the mask with np.save(path, mask.astype(bool))")
-    return mask
 
 
 def _check_disjoint(masks: list[np.ndarray], folder: Path) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gnnscale.data.dataset import DatasetError, GraphDataset, fail
-from gnnscale.data.loaders import check_features, check_labels, edges_to_csc, require_file
+from gnnscale.data.dataset import DatasetError, GraphDataset, check_features, check_labels, fail
+from gnnscale.data.loaders import check_split_masks, edges_to_csc, require_file
 
 _KEYS = ("node_features", "node_labels", "edges", "train_masks", "val_masks", "test_masks")
 _DOWNLOAD_FIX = ("download {name}.npz from https://github.com/yandex-research/heterophilous-graphs/tree/main/data "
@@ -57,15 +57,8 @@ def load_heterophilous(data_dir: str | Path, *, name: str) -> GraphDataset:
                    "store one (src, dst) row per edge")
     indptr, indices = edges_to_csc(edges[:, 0], edges[:, 1], num_nodes, source, symmetrize=True)
 
-    masks = {}
-    for key in ("train_masks", "val_masks", "test_masks"):
-        mask = arrays[key]
-        if mask.ndim == 1:
-            mask = mask[None, :]
-        if mask.ndim != 2 or mask.shape[1] != num_nodes or mask.dtype != np.bool_:
-            raise fail(source, key, f"expected bool [num_splits, {num_nodes}], got {mask.dtype} {list(mask.shape)}",
-                       "store one boolean row per split")
-        masks[key] = mask
+    masks = {key: check_split_masks(arrays[key], num_nodes, source, key)
+             for key in ("train_masks", "val_masks", "test_masks")}
     return GraphDataset(
         name=name, indptr=indptr, indices=indices, features=features, labels=labels,
         train_masks=masks["train_masks"], val_masks=masks["val_masks"], test_masks=masks["test_masks"],

@@ -1,21 +1,10 @@
 """One entry point for every dataset: ``load_dataset(name, data_dir, **kwargs)``.
 
-Each format lives in its own module and is imported only when asked for, so the
-registry costs nothing to import (``dgl`` takes seconds, and cannot be imported at
-all on the GPU image; pandas is only needed for OGB).  The small checks that every
-format shares live here too: a missing file, out-of-range node ids and building the
-CSC structure from an edge list.
-
-================  ===========================================  ==========================
-name              ``data_dir``                                 module
-================  ===========================================  ==========================
-cora, citeseer    folder holding ``ind.<name>.*``               :mod:`.planetoid`
-tolokers, ...     folder holding ``<name>.npz`` (or the file)   :mod:`.heterophilous`
-dgl               a ``dgl.save_graphs`` file, or its folder     :mod:`.dgl_binary`
-ogb               an extracted OGB node-property dataset        :mod:`.ogb`
-edgelist          folder with ``edges.csv``/``edges.txt`` ...   :mod:`.edgelist`
-synthetic         ``None``                                      :mod:`.synthetic`
-================  ===========================================  ==========================
+Each format lives in its own module (named in :data:`_REGISTRY`; what ``data_dir`` holds for
+each: the README's Data table) and is imported only when asked for, so the registry costs
+nothing to import (``dgl`` takes seconds, and cannot be imported at all on the GPU image;
+pandas is only needed for OGB).  The small checks that the formats share live here too: a
+missing file, out-of-range node ids, split masks and building the CSC structure.
 """
 
 from __future__ import annotations
@@ -108,31 +97,14 @@ def require_dir(path: Path, field_name: str, fix: str) -> Path:
     return path
 
 
-def check_node_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str,
-                   field_name: str = "edges") -> None:
-    """Raise a DatasetError naming the first edge whose endpoint is outside ``[0, num_nodes)``.
+def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, *,
+                 symmetrize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Check that the ids are integers in ``[0, num_nodes)``, then build CSC without self loops and duplicates.
 
-    ``csc_from_edges`` trusts its input (an out-of-range id silently corrupts the
-    dst-major sort key), so every loader calls this first.
+    ``csc_from_edges`` trusts its input: an out-of-range id would silently corrupt its dst-major sort key.
 
     Args:
         src, dst: integer [num_edges] endpoints, 0-based.
-    """
-    bad = (src < 0) | (src >= num_nodes) | (dst < 0) | (dst >= num_nodes)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise fail(source, field_name,
-                   f"edge {row} ({int(src[row])} -> {int(dst[row])}) has a node id outside [0, {num_nodes}) "
-                   f"({int(bad.sum())} such edges)",
-                   "node ids must be 0-based and smaller than the number of nodes (the length of the labels)")
-
-
-def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, *,
-                 symmetrize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Check ids, then build CSC with self loops and duplicates removed.
-
-    Args:
-        src, dst: integer [num_edges] endpoints.
         symmetrize: add every reverse edge (data that stores each undirected edge once).
 
     Returns:
@@ -141,55 +113,27 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, 
     if not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
         raise fail(source, "edges", f"node ids must be integers, got dtype {src.dtype}",
                    "store the edge list as integer node ids")
-    check_node_ids(src, dst, num_nodes, source)
-    return csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize, remove_self_loops=True, dedup=True)
+    bad = (src < 0) | (src >= num_nodes) | (dst < 0) | (dst >= num_nodes)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise fail(source, "edges",
+                   f"edge {row} ({int(src[row])} -> {int(dst[row])}) has a node id outside [0, {num_nodes}) "
+                   f"({int(bad.sum())} such edges)",
+                   "node ids must be 0-based and smaller than the number of nodes (the length of the labels)")
+    return csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize)
 
 
-def check_features(features: np.ndarray, num_nodes: int, source: str) -> np.ndarray:
-    """Return ``features`` as float32 [num_nodes, F], or raise naming the bad shape, dtype or first NaN row."""
-    if features.ndim != 2 or features.shape[0] != num_nodes:
-        raise fail(source, "features", f"expected shape [{num_nodes}, num_features], got {list(features.shape)}",
-                   "give one feature row per node, in node-id order")
-    if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)
-            or features.dtype == np.bool_):
-        raise fail(source, "features", f"expected numbers, got dtype {features.dtype}", "store features as floats")
-    features = features.astype(np.float32, copy=False)
-    finite = np.isfinite(features)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite.all(axis=1))[0])
-        raise fail(source, "features", f"non-finite value (NaN or inf) in row {row}",
-                   "clean or impute the features before loading")
-    return features
-
-
-def check_labels(labels: np.ndarray, num_nodes: int, source: str,
-                 num_classes: int | None = None) -> tuple[np.ndarray, int]:
-    """Return ``(labels as int64 [num_nodes], num_classes)``; ``num_classes`` defaults to max label + 1.
-
-    Accepts integer labels of shape [N] or [N, 1] (the OGB/DGL habit); anything else
-    (floats with fractions, several label columns, negatives) raises a DatasetError.
-    """
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.shape != (num_nodes,):
-        raise fail(source, "labels", f"expected shape [{num_nodes}], got {list(labels.shape)}",
-                   "give exactly one integer class id per node (multi-label tasks are not supported)")
-    if np.issubdtype(labels.dtype, np.floating):
-        if not np.array_equal(labels, np.round(labels)):
-            raise fail(source, "labels", "values are not whole numbers", "store labels as integer class ids")
-    elif not np.issubdtype(labels.dtype, np.integer):
-        raise fail(source, "labels", f"expected integer class ids, got dtype {labels.dtype}",
-                   "store labels as integer class ids")
-    labels = labels.astype(np.int64)
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0:
-        raise fail(source, "labels", f"label {low} is negative", "labels must be class ids 0..num_classes-1")
-    if num_classes is None:
-        num_classes = high + 1
-    elif high >= num_classes:
-        raise fail(source, "labels", f"label {high} is out of range [0, {num_classes})",
-                   f"labels must be class ids 0..{num_classes - 1}, or pass a larger num_classes")
-    return labels, num_classes
+def check_split_masks(mask: np.ndarray, num_nodes: int, source: str, field_name: str) -> np.ndarray:
+    """bool [S, N] from a bool [N] or [S, N] mask, or a DatasetError naming the bad shape or dtype."""
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.ndim != 2 or mask.shape[1] != num_nodes:
+        raise fail(source, field_name, f"expected bool [num_splits, {num_nodes}], got {mask.dtype} "
+                   f"{list(mask.shape)}", "store one boolean per node (and per split)")
+    if mask.dtype != np.bool_:
+        raise fail(source, field_name, f"expected dtype bool, got {mask.dtype}",
+                   "store the mask as booleans, e.g. np.save(path, mask.astype(bool))")
+    return mask
 
 
 def random_split(num_nodes: int, seed: int, fractions: tuple[float, float] = (0.6, 0.2)) -> tuple[np.ndarray, ...]:
@@ -198,12 +142,10 @@ def random_split(num_nodes: int, seed: int, fractions: tuple[float, float] = (0.
     Returns:
         ``(train, val, test)``: bool [num_nodes] each, disjoint, covering every node.
     """
-    order = np.random.default_rng(seed).permutation(num_nodes)
     num_train = int(round(fractions[0] * num_nodes))
-    num_val = int(round(fractions[1] * num_nodes))
-    masks = []
-    for part in (order[:num_train], order[num_train:num_train + num_val], order[num_train + num_val:]):
-        mask = np.zeros(num_nodes, dtype=bool)
-        mask[part] = True
-        masks.append(mask)
-    return tuple(masks)
+    ends = [num_train, num_train + int(round(fractions[1] * num_nodes))]
+    # The node at position i of a seeded permutation goes to the part whose range of positions holds i.
+    order = np.random.default_rng(seed).permutation(num_nodes)
+    part = np.empty(num_nodes, dtype=np.int64)
+    part[order] = np.searchsorted(ends, np.arange(num_nodes), side="right")
+    return tuple(part == k for k in range(3))

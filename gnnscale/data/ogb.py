@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gnnscale.data.dataset import GraphDataset, fail
-from gnnscale.data.loaders import check_features, check_labels, edges_to_csc, require_dir, require_file
+from gnnscale.data.dataset import GraphDataset, check_features, check_labels, fail
+from gnnscale.data.loaders import edges_to_csc, require_dir, require_file
 
 _DOWNLOAD_FIX = ("download and extract the dataset from http://snap.stanford.edu/ogb/data/nodeproppred/ "
                  "(e.g. arxiv.zip) and pass the folder that holds raw/ and split/")

@@ -59,21 +59,19 @@ _PARTS: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
-def _allowed_globals() -> dict[tuple[str, str], Any]:
-    # Exactly the globals ``pickletools.genops`` finds in the Cora/CiteSeer files.
-    # ``__builtin__`` is the Python 2 spelling the files use; scipy.sparse.csr is a
-    # deprecated module path, so the class is handed over directly rather than imported
-    # from there.  With these, REDUCE/NEWOBJ/BUILD can only build arrays, dtypes,
-    # sparse matrices and lists.
-    return {
-        ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-        ("numpy", "ndarray"): np.ndarray,
-        ("numpy", "dtype"): np.dtype,
-        ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
-        ("collections", "defaultdict"): collections.defaultdict,
-        ("__builtin__", "list"): list,
-        ("builtins", "list"): list,
-    }
+# Exactly the globals ``pickletools.genops`` finds in the Cora/CiteSeer files.  ``__builtin__`` is
+# the Python 2 spelling the files use; scipy.sparse.csr is a deprecated module path, so the class
+# is handed over directly rather than imported from there.  With these, REDUCE/NEWOBJ/BUILD can
+# only build arrays, dtypes, sparse matrices and lists.
+_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("scipy.sparse.csr", "csr_matrix"): sp.csr_matrix,
+    ("collections", "defaultdict"): collections.defaultdict,
+    ("__builtin__", "list"): list,
+    ("builtins", "list"): list,
+}
 
 
 class ArrayUnpickler(pickle.Unpickler):
@@ -86,11 +84,10 @@ class ArrayUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BufferedIOBase, source: str) -> None:
         super().__init__(file, encoding="latin1")
         self._source = source
-        self._allowed = _allowed_globals()
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return self._allowed[(module, name)]
+            return _ALLOWED_GLOBALS[(module, name)]
         except KeyError:
             raise fail(self._source, "pickle",
                        f"holds a non-array object (global {module}.{name}); refusing to unpickle it",
@@ -142,10 +139,8 @@ def load_planetoid(data_dir: str | Path, *, name: str, row_normalize: bool = Tru
     src, dst = _graph_edges(parts["graph"], str(paths["graph"]))
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(paths["graph"]), symmetrize=True)
 
-    train = np.zeros(num_nodes, dtype=bool)
-    train[:num_train] = True
-    val = np.zeros(num_nodes, dtype=bool)
-    val[num_train:num_train + _NUM_VAL] = True
+    ids = np.arange(num_nodes)
+    train, val = ids < num_train, (ids >= num_train) & (ids < num_train + _NUM_VAL)
     test = np.zeros(num_nodes, dtype=bool)
     test[test_index] = True
     return GraphDataset(

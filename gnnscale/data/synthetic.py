@@ -30,13 +30,9 @@ says nothing about accuracy and flatters no partitioner.  This generator plants 
   about 45%, and the same classifier on neighbour-averaged features about 90%: a
   GNN has something to learn that an MLP cannot.
 
-Sampling is vectorised.  Nodes are laid out label-major and community-major in
-*positions* (``order`` maps positions to node ids), so a community or a label is a
-contiguous range of one cumulative-weight array, and endpoints are found with
-``np.searchsorted`` over it.  Randomness comes from ``np.random.SeedSequence(seed)``
-children, one per fixed block of 65,536 positions (or feature rows); ``chunk_edges``
-only sets how many blocks are processed at once, so it bounds memory without
-changing the graph: the output depends on the other fields only.
+Sampling is vectorised over a label- and community-major layout (:class:`_Layout`).  Randomness
+comes from one ``np.random.SeedSequence(seed)`` child per fixed block of 65,536 positions (or
+feature rows), so ``chunk_edges`` bounds memory without changing the graph.
 
 Example::
 
