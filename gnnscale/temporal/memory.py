@@ -214,10 +214,7 @@ class TemporalMemory(nn.Module):
         order = torch.argsort(keys)
         order = order[torch.argsort(times[order], stable=True)]  # by (time, key)
         nodes, messages, times = nodes[order], messages[order], times[order]
-        unique, inverse = torch.unique(nodes, return_inverse=True)
-        position = torch.arange(nodes.numel(), device=nodes.device)
-        last = torch.full((unique.numel(),), -1, dtype=torch.long, device=nodes.device)
-        last = last.scatter_reduce(0, inverse, position, reduce="amax")
+        unique, inverse, last = last_occurrence(nodes)
         if cfg.aggregator == "last":
             aggregated = messages[last]
         else:
@@ -227,3 +224,11 @@ class TemporalMemory(nn.Module):
         state.mail[unique] = aggregated.to(state.mail.dtype)
         state.mail_time[unique] = times[last]
         state.has_mail[unique] = True
+
+
+def last_occurrence(values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Distinct ``values``, the index of each value among them (``inverse``) and each one's last position."""
+    unique, inverse = torch.unique(values, return_inverse=True)
+    last = torch.full((unique.numel(),), -1, dtype=torch.int64, device=values.device)
+    last.scatter_reduce_(0, inverse, torch.arange(values.numel(), device=values.device), reduce="amax")
+    return unique, inverse, last

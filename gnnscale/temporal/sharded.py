@@ -15,26 +15,18 @@ Every node has one *owner* rank (a METIS partition of the interaction graph,
                                         # to every replica (all-gather)
 
 so owners always hold their nodes' latest state, and a replica is refreshed at least every
-``K + 1`` steps.  With ``K = 0`` the replicas are refreshed after every step and every read sees
-exactly what a single process would (the owners aggregate a node's messages in the global
-batch's order, see :meth:`TemporalMemory.deliver`).
+``K + 1`` steps.  With ``K = 0`` every read sees exactly what a single process would (owners
+aggregate a node's messages in the global batch's order, see :meth:`TemporalMemory.deliver`).
 
-**Versions and staleness.**  Every row carries its *version*: the global step of the owner's
-write it reflects (a row not written since the last reset: the step before the reset, which
-every rank applies at once).  A read of a remote node at step ``s`` *misses* the owner's writes to that node at steps after the read's version and before
-``s``; its staleness is ``s - m`` for the earliest missed write ``m`` (how many steps old the
-oldest write it could not see is), 0 when it missed nothing.  Replicas are refreshed through
-step ``s - 1 - j`` with ``j <= K``, so a missed write is at least step ``s - K``: staleness
-never exceeds K.  With every refreshed row the owner sends the step of its first write since
-the previous refresh, and each rank scores the remote reads it made in between against it: the
-maximum and mean are measured, not assumed (:class:`StalenessStats`).
+**Versions and staleness** (defined in the README, "Sharded memory").  Every row carries its
+*version*, the global step of the owner's write it reflects (after a reset: the step before it).
+A remote read at step ``s`` that missed owner writes has staleness ``s - m`` for the earliest
+missed write ``m``; replicas are refreshed through step ``s - 1 - j`` with ``j <= K``, so it never
+exceeds K.  Each refreshed row carries its owner's first write step since the previous refresh,
+against which every rank scores its remote reads: measured, not assumed (:class:`StalenessStats`).
 
-Collectives per step: one all-to-all (with its size exchange) for the writes, one all-gather
-(with its size all-reduce) per refresh, and the gradients' all-reduce.
-
-Memory cost: the replica is a dense table (every rank can read any node: the negative
-destinations of a batch are drawn from all destinations), so each rank holds ``N`` rows; what
-is sharded is ownership, writes and the traffic, which is only the rows that changed.
+The replica is a dense table (negatives are drawn from all destinations, so any rank may read any
+node): what is sharded is ownership, writes and traffic, which is only the rows that changed.
 """
 
 from __future__ import annotations
@@ -46,8 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.distributed.comm import Exchanger
-from gnnscale.temporal.memory import TemporalMemory
+from gnnscale.distributed.comm import Exchanger, split_by_owner
+from gnnscale.temporal.memory import TemporalMemory, last_occurrence
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -188,9 +180,7 @@ class ShardedMemory:
         device = state.memory.device
         nodes = nodes.to(device)
         if self.world_size == 1:  # every node is owned here: apply in place, on the device
-            state.memory[nodes] = memory[nodes].to(state.memory.dtype)
-            state.last_update[nodes] = last_update[nodes]
-            state.has_mail[nodes] = False
+            self.memory.persist(nodes, memory, last_update)
             if message_nodes.numel():
                 self.memory.deliver(message_nodes, message_times, message_keys, messages.to(state.mail.dtype))
             self._written(torch.unique(torch.cat([nodes, message_nodes])).cpu())
@@ -216,7 +206,7 @@ class ShardedMemory:
         if persisted.numel():
             # A node several ranks persisted got the same row from each when K = 0; take the
             # last rank's, so the choice does not depend on timing when K > 0 either.
-            unique, last = _last_occurrence(persisted)
+            unique, _, last = last_occurrence(persisted)
             target = unique.to(device)
             d = state.memory.shape[1]
             state.memory[target] = persist[last, 4:4 + d].to(state.memory.dtype).to(device)
@@ -299,18 +289,8 @@ class ShardedMemory:
 
     def _to_owners(self, rows: Tensor) -> list[Tensor]:
         """Route float64 rows whose second column is a node id to that node's owner; what arrives here."""
-        owner = self.owner[rows[:, 1].to(torch.int64)]
-        order = torch.sort(owner, stable=True).indices
-        sizes = torch.bincount(owner, minlength=self.world_size).tolist()
+        order, sizes = split_by_owner(self.owner[rows[:, 1].to(torch.int64)], self.world_size)
         return self.exchanger.exchange(list(rows[order].split(sizes)))
-
-
-def _last_occurrence(values: Tensor) -> tuple[Tensor, Tensor]:
-    """Distinct ``values`` and the position of each one's last occurrence."""
-    unique, inverse = torch.unique(values, return_inverse=True)
-    last = torch.full((unique.numel(),), -1, dtype=torch.int64)
-    last.scatter_reduce_(0, inverse, torch.arange(values.numel()), reduce="amax")
-    return unique, last
 
 
 def partition_interactions(src: np.ndarray, dst: np.ndarray, num_nodes: int, num_parts: int, *,
