@@ -66,8 +66,7 @@ class SyntheticConfig:
     num_nodes: int = 100_000
     """Number of nodes, in ``[2, 2**31 - 1]`` (node ids are held as int32 while sampling)."""
     avg_degree: float = 10.0
-    """Average number of neighbours per node.  Both directions are stored, so the graph
-    holds about ``num_nodes * avg_degree`` directed edges."""
+    """Average number of neighbours per node: about ``num_nodes * avg_degree`` directed edges."""
     num_classes: int = 10
     """Number of label classes, >= 2."""
     feat_dim: int = 100
@@ -75,22 +74,18 @@ class SyntheticConfig:
     seed: int = 0
     """Non-negative seed; equal configs give identical datasets."""
     community_size: int | None = None
-    """Nodes per planted community (communities hold ``num_nodes // num_communities``
-    or one more).  Many small communities give METIS something to cut between.
-    ``None`` picks ``min(1000, num_nodes // (4 * num_classes))`` (at least 2), so small
-    graphs still get several communities per class."""
+    """Nodes per planted community (give or take one); many small ones give METIS something to cut
+    between.  ``None`` picks ``min(1000, num_nodes // (4 * num_classes))``, at least 2."""
     intra_fraction: float = 0.8
     """Fraction of sampled edges that join two nodes of the same community, in [0, 1]."""
     same_label_fraction: float = 0.3
-    """Of the inter-community edges, the fraction that go to another community of the
-    same label (homophily beyond the community), in [0, 1]."""
+    """Of the inter-community edges, the fraction to another community of the same label; in [0, 1]."""
     degree_exponent: float = 2.5
     """Exponent ``g`` of the power-law degree distribution ``P(k) ~ k**-g``; > 1."""
     max_degree: float = 1000.0
     """Cap on a node's expected degree; hubs above it are flattened.  >= avg_degree."""
     feature_noise: float = 0.7
-    """Standard deviation of the Gaussian noise per feature dimension; centroids are
-    unit vectors at distance sqrt(2) from each other.  >= 0."""
+    """Standard deviation of the Gaussian noise per feature (centroids are sqrt(2) apart); >= 0."""
     train_fraction: float = 0.1
     """Fraction of nodes in the training mask (random, by seed); in (0, 1]."""
     val_fraction: float = 0.1
@@ -98,9 +93,8 @@ class SyntheticConfig:
     test_fraction: float = 0.8
     """Fraction of nodes in the test mask; in [0, 1].  The three fractions sum to <= 1."""
     chunk_edges: int = 1 << 23
-    """About how many node pairs to sample per vectorised step (whole blocks of 65,536
-    nodes, at least one); bounds the sampling memory at about 80 bytes per pair.
-    Does not change the graph."""
+    """About how many node pairs to sample per vectorised step (at least one block of 65,536 nodes):
+    bounds the sampling memory at about 80 bytes per pair; does not change the graph."""
 
     def __post_init__(self) -> None:
         if self.community_size is None and isinstance(self.num_nodes, int) and isinstance(self.num_classes, int):
@@ -194,9 +188,7 @@ class _Layout:
 def _plant(config: SyntheticConfig, rng: np.random.Generator) -> _Layout:
     """Assign communities, labels and degree weights (see :class:`_Layout`)."""
     n, c, k = config.num_nodes, config.num_communities, config.num_classes
-    pos = np.arange(n, dtype=np.int64)
-    pos_community = pos * c // n  # community c spans positions [ceil(c*n/C), ceil((c+1)*n/C))
-    del pos
+    pos_community = np.arange(n, dtype=np.int64) * c // n  # community c: positions [ceil(c*n/C), ceil((c+1)*n/C))
     community_start = (np.arange(c + 1, dtype=np.int64) * n + c - 1) // c
     community_label = np.arange(c, dtype=np.int64) * k // c
     label_start = community_start[(np.arange(k + 1, dtype=np.int64) * c + k - 1) // k]
@@ -437,13 +429,10 @@ def _split_masks(config: SyntheticConfig, rng: np.random.Generator) -> tuple[np.
     n_train = max(1, round(config.train_fraction * n))
     n_val = min(round(config.val_fraction * n), n - n_train)
     n_test = min(round(config.test_fraction * n), n - n_train - n_val)
-    perm = rng.permutation(n)
-    masks = []
-    for lo, hi in ((0, n_train), (n_train, n_train + n_val), (n_train + n_val, n_train + n_val + n_test)):
-        mask = np.zeros((1, n), dtype=bool)
-        mask[0, perm[lo:hi]] = True
-        masks.append(mask)
-    return tuple(masks)
+    # Position i of a seeded permutation goes to the split whose range of positions holds i (if any).
+    split = np.empty(n, dtype=np.int64)
+    split[rng.permutation(n)] = np.searchsorted(np.cumsum([n_train, n_val, n_test]), np.arange(n), side="right")
+    return tuple((split == k)[None, :] for k in range(3))
 
 
 class _Log:

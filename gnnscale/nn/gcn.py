@@ -33,7 +33,7 @@ class GCNConv(nn.Module):
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, out_dim]."""
-        first = project_first(self.in_dim, self.out_dim, x)  # see SAGEConv.forward
+        first = project_first(self.in_dim, self.out_dim, x)
         if first:
             x = self.lin(x)
         if block.edge_weight is not None:
