@@ -3,11 +3,8 @@
 ``add_section(parser, "optimisation")`` adds a section's options, each defined once in
 :data:`OPTIONS`, so an option of one meaning has one name, help and default in every command.
 A command leaves out what it does not support (``without=``) and adds its own options to the
-returned group.  ``parse_with_recipe`` reads ``--config FILE``: a TOML table whose keys are the
-long option names without the leading dashes, spelt with dashes exactly as on the command line
-(``num-layers = 2``, ``fanouts = [-1, -1]``, ``residual = true``).  Explicit flags win over the
-file, the file over the defaults; a switch the file turns on cannot be turned off again.
-``warn_no_effect`` warns once about each given option that cannot matter for this run.
+returned group.  ``parse_with_recipe`` reads ``--config FILE`` and ``warn_no_effect`` warns about
+given options that cannot matter; what users see of both is in docs/training.md.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ hashes and write the manifest.  The folder is written as ``OUT.tmp-<pid>`` and r
 ``OUT`` at the end, so it is complete or absent; ``--force`` replaces an existing one only
 after the new one is complete.
 
-The folder's layout (format version 1) and its three id spaces are drawn in the README,
+The folder's layout (format version 1) and its three id spaces are drawn in docs/partitioning.md,
 "The partition folder": a ``manifest.json``, ``orig2new.npy``, and per partition ``part<p>/``
 the arrays of :data:`partition.format.PART_ARRAYS`.  Partition ``p`` owns the new global ids
 ``[start_p, end_p)``; every edge is stored once, as an in-edge of its destination, in the

@@ -31,7 +31,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
 
     Args:
         dataset: the graph, features, labels and masks.
-        out_dir: the partition folder to create (its layout is drawn in the README, "The partition folder").
+        out_dir: the partition folder to create (its layout: docs/partitioning.md).
         config: what to do.
         force: replace an existing partition folder (only once the new one is complete).
         command: the command line to record in the manifest.
@@ -93,7 +93,7 @@ def _assign_and_relabel(dataset: GraphDataset, config: PartitionConfig,
 
 def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: PartitionBook, part_stats: list[dict],
                    files: dict, quality: dict, assign_info: dict, stages: dict, command: str | None) -> dict:
-    """The ``manifest.json`` contents (field meanings: the README, "The partition folder")."""
+    """The ``manifest.json`` contents (field meanings: docs/partitioning.md)."""
     n, s = dataset.num_nodes, dataset.num_splits
     partitioning = {"method": config.method, "num_parts": config.num_parts, "seed": config.seed,
                     "balance_requested": list(config.balance), **assign_info}

@@ -8,7 +8,7 @@ the balance it promises.  This pass lowers the total overload (how far each cons
 each partition exceeds ``tolerance x mean``) by moving nodes, those adding the fewest cut
 edges per unit of overload removed first, until nothing is over or no move helps.  What it
 costs in cut (moves go one way only; pairwise swaps would be the next step) is measured in
-the README, under Partitioning.
+docs/partitioning.md, METIS.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
 
-The checks, in order (the README, "Verifying a folder"): the manifest; every file listed, present,
+The checks, in order (docs/partitioning.md): the manifest; every file listed, present,
 of its recorded size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; ownership
 (``orig2new`` and every ``orig_ids`` invert each other); CSC structure, source ids, edge count,
 labels and the H-hop halos recomputed from the partitions' own edges; with a dataset, the same

@@ -1,4 +1,4 @@
-"""The common dataset command-line contract, shared by every gnnscale command (the README's Training table).
+"""The common dataset command-line contract, shared by every gnnscale command (docs/training.md).
 
 ``add_dataset_arguments(parser)`` adds ``--dataset``, ``--split`` and the synthetic graph's options
 (``--data-dir`` and ``--seed`` as defined once in :mod:`gnnscale.options`), and

@@ -1,7 +1,7 @@
 """One entry point for every dataset: ``load_dataset(name, data_dir, **kwargs)``.
 
 Each format lives in its own module (named in :data:`_REGISTRY`; what ``data_dir`` holds for
-each: the README's Data table) and is imported only when asked for, so the registry costs
+each: docs/training.md, Data) and is imported only when asked for, so the registry costs
 nothing to import (``dgl`` takes seconds, and cannot be imported at all on the GPU image;
 pandas is only needed for OGB).  The small checks that the formats share live here too: a
 missing file, out-of-range node ids, split masks and building the CSC structure.
