@@ -46,7 +46,8 @@ class LocalGraph:
 
     def sample(self, global_dst: Tensor, fanout: int, replace: bool,
                rng: np.random.Generator | None) -> tuple[Tensor, Tensor]:
-        """In-neighbours of owned ``global_dst``: ``(src global ids, counts per dst)``, grouped in dst order.
+        """In-neighbours of owned ``global_dst``: ``(src global ids, counts per dst)``, grouped in dst order,
+        drawing from ``rng`` (``None`` only with fanout ``-1``, which draws nothing).
         A node listed twice (two ranks asked for it) gets two independent samples."""
         return sample_in_edges(self.indptr, self.indices, global_dst.numpy() - self.start, fanout, replace, rng)
 

@@ -85,12 +85,14 @@ class NeighborSampler:
 
 def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fanout: int, replace: bool,
                     rng: np.random.Generator) -> tuple[Tensor, Tensor]:
-    """Sampled in-edges of the local nodes ``dst``, grouped by destination in ``dst``'s order.
+    """Sampled in-edges of the local nodes ``dst``, grouped by destination in ``dst``'s order, drawing from ``rng``.
 
     Args:
         indptr, indices: the CSC graph (int64 numpy arrays).
         dst: int64 [num_dst] rows of ``indptr`` to sample (repeats are sampled independently).
         fanout: neighbours per destination; ``-1`` takes every in-edge in CSC order.
+        replace: draw with replacement (ignored with fanout ``-1``).
+        rng: the generator every draw comes from (fanout ``-1`` draws nothing).
 
     Returns:
         ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``.

@@ -9,9 +9,9 @@ Leakage guarantee: a query at time ``t`` sees only events with ``t_event < t`` (
 of events that share a timestamp never sees itself or each other.  The negative samplers follow the
 same rule: historical negatives come from events strictly before the batch's first time.
 
-Everything here is numpy on the CPU; this module imports neither DGL nor torch (the ``samplers``
-package's ``__init__`` still imports DGL through ``samplers.neighbor``).  The arrays go to the model
-as tensors afterwards (``gnnscale.temporal.tgn.Neighborhood``).
+Everything here is numpy on the CPU, and every random draw comes from the ``numpy.random.Generator``
+the caller passes to ``sample``, so a batch's draws are a function of (data, batch, generator) alone.
+The arrays go to the model as tensors afterwards (``gnnscale.temporal.tgn.Neighborhood``).
 """
 
 from __future__ import annotations
@@ -181,11 +181,9 @@ class TemporalNeighborSampler:
         strategy: ``"recent"``: the k most recent eligible events (fewer when fewer exist, padded);
             ``"uniform"``: k draws uniformly *with replacement* from the eligible events (TGN's
             ``uniform=True``), so a row is either full or, with no eligible event, all padding.
-        seed: seeds the sampler's own generator, used when :meth:`sample` is given none.
     """
 
-    def __init__(self, graph: TemporalGraph, num_neighbors: int, strategy: Strategy = "recent", *,
-                 seed: int = 0) -> None:
+    def __init__(self, graph: TemporalGraph, num_neighbors: int, strategy: Strategy = "recent") -> None:
         if int(num_neighbors) < 1:
             raise ValueError(f"num_neighbors must be >= 1, got {num_neighbors}")
         if strategy not in get_args(Strategy):
@@ -193,12 +191,11 @@ class TemporalNeighborSampler:
         self.graph = graph
         self.num_neighbors = int(num_neighbors)
         self.strategy = strategy
-        self.rng = np.random.default_rng(seed)
 
-    def sample(self, nodes: object, times: object, rng: np.random.Generator | None = None) -> TemporalNeighbors:
-        """Sample the past events of ``nodes`` (int64 [B]) before ``times`` (float64 [B]).
+    def sample(self, nodes: object, times: object, rng: np.random.Generator) -> TemporalNeighbors:
+        """Sample the past events of ``nodes`` (int64 [B]) before ``times`` (float64 [B]), drawing from ``rng``.
 
-        ``rng`` (default: the sampler's own generator) drives ``"uniform"``; ``"recent"`` draws nothing.
+        Only ``"uniform"`` draws; ``"recent"`` leaves ``rng`` untouched.
         Nodes without events, or queried at or before their first event, get all-padding rows.
         """
         nodes, times = _as_ids("nodes", nodes), _as_times("times", times)
@@ -215,7 +212,6 @@ class TemporalNeighborSampler:
             position = end[:, None] + np.arange(-k, 0, dtype=np.int64)
             mask = position >= start[:, None]
         else:
-            rng = self.rng if rng is None else rng
             mask = np.zeros((nodes.size, k), dtype=bool)
             position = np.zeros((nodes.size, k), dtype=np.int64)
             rows = np.flatnonzero(count)
@@ -249,21 +245,19 @@ class RandomDestinationSampler:
     Args:
         destinations: int64 [D] candidate ids, e.g. every distinct destination in the data;
             repeats are collapsed, so the draw is uniform over distinct ids.
-        seed: seeds the sampler's own generator, used when :meth:`sample` is given none.
     """
 
-    def __init__(self, destinations: object, *, seed: int = 0) -> None:
+    def __init__(self, destinations: object) -> None:
         pool = _as_ids("destinations", destinations)
         if pool.size == 0:
             raise ValueError("destinations is empty; give at least one candidate node id")
         self.pool = np.unique(pool)
-        self.rng = np.random.default_rng(seed)
 
-    def sample(self, n: int, rng: np.random.Generator | None = None) -> np.ndarray:
-        """int64 [n] destinations, uniform over the pool (with replacement; may equal a positive's)."""
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """int64 [n] destinations, uniform over the pool (with replacement; may equal a positive's),
+        drawing from ``rng``."""
         if int(n) < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        rng = self.rng if rng is None else rng
         return self.pool[rng.integers(0, self.pool.size, int(n))]
 
 
@@ -285,17 +279,15 @@ class HistoricalNegativeSampler:
         src, dst, t: the event stream (``t`` non-decreasing), usually the training events.
         fallback: int64 [D] pool for the fallback (default: every distinct ``dst``).
         per_source: restrict row ``i``'s candidates to ``batch_src[i]``'s own history.
-        seed: seeds the sampler's own generator, used when :meth:`sample` is given none.
     """
 
     def __init__(self, src: object, dst: object, t: object, *, fallback: object | None = None,
-                 per_source: bool = False, seed: int = 0) -> None:
+                 per_source: bool = False) -> None:
         src, dst, t = _check_events(src, dst, t)
         self.per_source = per_source
         if fallback is None and dst.size == 0:
             raise ValueError("the event stream is empty, so there is no default fallback pool; pass fallback=")
-        self.fallback = RandomDestinationSampler(dst if fallback is None else fallback, seed=seed)
-        self.rng = self.fallback.rng
+        self.fallback = RandomDestinationSampler(dst if fallback is None else fallback)
         owners = src if per_source else np.zeros_like(src)
         # Distinct (owner, destination) pairs; the first occurrence is the earliest, events being time-sorted.
         self._width = int(dst.max(initial=-1)) + 1
@@ -311,9 +303,10 @@ class HistoricalNegativeSampler:
         np.cumsum(np.bincount(pair_owner, minlength=self._num_owners), out=self._indptr[1:])
         self._index = _TimeIndex(pair_owner[order], pair_time[order], self._num_owners)
 
-    def sample(self, batch_src: object, batch_time: object, rng: np.random.Generator | None = None, *,
+    def sample(self, batch_src: object, batch_time: object, rng: np.random.Generator, *,
                batch_dst: object | None = None) -> np.ndarray:
-        """int64 [B] one negative destination per positive ``(batch_src[i], batch_dst[i], batch_time[i])``."""
+        """int64 [B] one negative destination per positive ``(batch_src[i], batch_dst[i], batch_time[i])``,
+        drawing from ``rng``."""
         batch_src, batch_time = _as_ids("batch_src", batch_src), _as_times("batch_time", batch_time)
         if batch_src.size != batch_time.size:
             raise ValueError(f"batch_src and batch_time must have one entry per positive, "
@@ -323,7 +316,6 @@ class HistoricalNegativeSampler:
             if batch_dst.size != batch_src.size:
                 raise ValueError(f"batch_dst must have one entry per positive like batch_src, "
                                  f"got lengths {batch_dst.size} and {batch_src.size}")
-        rng = self.rng if rng is None else rng
         size = batch_src.size
         if size == 0:
             return np.empty(0, dtype=np.int64)

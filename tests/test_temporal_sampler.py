@@ -64,7 +64,7 @@ def test_recent_equals_brute_force(undirected, seed, k):
     src, dst, t = random_stream(rng, 250, num_nodes, 20)
     nodes, times = random_queries(rng, t, num_nodes, 150)
     sampler = TemporalNeighborSampler(TemporalGraph(src, dst, t, num_nodes, undirected=undirected), k, "recent")
-    out = sampler.sample(nodes, times)
+    out = sampler.sample(nodes, times, np.random.default_rng(0))
     expected_neighbors = np.zeros((150, k), dtype=np.int64)
     expected_times = np.zeros((150, k))
     expected_ids = np.full((150, k), PAD_EVENT, dtype=np.int64)
@@ -85,12 +85,15 @@ def test_small_stream_by_hand():
     # Events 0..3: (0,1,t=1), (1,2,t=2), (0,2,t=2), (2,0,t=5); node 3 has none.
     src, dst, t = np.array([0, 1, 0, 2]), np.array([1, 2, 2, 0]), np.array([1.0, 2.0, 2.0, 5.0])
     nodes, times = np.array([0, 0, 2, 2, 1, 3]), np.array([2.0, 9.0, 2.0, 5.0, 1.0, 9.0])
-    undirected = TemporalNeighborSampler(TemporalGraph(src, dst, t, 4), 2, "recent").sample(nodes, times)
+    rng = np.random.default_rng(0)
+    undirected = TemporalNeighborSampler(TemporalGraph(src, dst, t, 4), 2, "recent").sample(nodes, times, rng)
     assert undirected.event_ids.tolist() == [[-1, 0], [2, 3], [-1, -1], [1, 2], [-1, -1], [-1, -1]]
     assert undirected.neighbors.tolist() == [[0, 1], [2, 2], [0, 0], [1, 0], [0, 0], [0, 0]]
     directed = TemporalNeighborSampler(TemporalGraph(src, dst, t, 4, undirected=False), 2, "recent")
-    assert directed.sample(nodes, times).event_ids.tolist() == [[-1, 0], [0, 2], [-1, -1], [-1, -1],
-                                                                [-1, -1], [-1, -1]]
+    assert directed.sample(nodes, times, rng).event_ids.tolist() == [[-1, 0], [0, 2], [-1, -1], [-1, -1],
+                                                                     [-1, -1], [-1, -1]]
+    # "recent" draws nothing, so the generator is where a fresh one with the same seed starts.
+    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
 
 
 @pytest.mark.parametrize("undirected", [True, False])
@@ -124,7 +127,7 @@ def test_uniform_frequencies_are_uniform():
     assert chisquare(counts[:7]).pvalue > 1e-3
 
 
-def test_uniform_same_seed_same_sample():
+def test_uniform_same_generator_seed_same_sample():
     rng = np.random.default_rng(8)
     src, dst, t = random_stream(rng, 500, 50, 40)
     nodes, times = random_queries(rng, t, 50, 200)
@@ -135,9 +138,14 @@ def test_uniform_same_seed_same_sample():
     for name in ("neighbors", "times", "event_ids", "mask"):
         np.testing.assert_array_equal(getattr(first, name), getattr(second, name))
     assert not np.array_equal(first.event_ids, other.event_ids)
-    # Without an explicit generator, the constructor's seed decides.
-    seeded = [TemporalNeighborSampler(graph, 6, "uniform", seed=2).sample(nodes, times) for _ in range(2)]
-    np.testing.assert_array_equal(seeded[0].event_ids, seeded[1].event_ids)
+    # The sampler keeps no random state of its own: a reused sampler repeats a draw given the same
+    # generator seed, and only the generator advancing changes it.
+    sampler = TemporalNeighborSampler(graph, 6, "uniform")
+    shared = np.random.default_rng(4)
+    again, later = sampler.sample(nodes, times, shared), sampler.sample(nodes, times, shared)
+    np.testing.assert_array_equal(again.event_ids, first.event_ids)
+    np.testing.assert_array_equal(sampler.sample(nodes, times, np.random.default_rng(4)).event_ids, first.event_ids)
+    assert not np.array_equal(later.event_ids, first.event_ids)
 
 
 @pytest.mark.parametrize("strategy", ["recent", "uniform"])
@@ -164,26 +172,31 @@ def test_no_event_at_or_after_the_query_time_on_a_large_stream(strategy):
 def test_empty_stream_gives_padding_only():
     graph = TemporalGraph(np.array([], dtype=np.int64), np.array([], dtype=np.int64), np.array([]), 3)
     for strategy in ("recent", "uniform"):
-        out = TemporalNeighborSampler(graph, 2, strategy).sample(np.array([0, 2]), np.array([1.0, 5.0]))
+        out = TemporalNeighborSampler(graph, 2, strategy).sample(np.array([0, 2]), np.array([1.0, 5.0]),
+                                                                 np.random.default_rng(0))
         assert not out.mask.any() and (out.event_ids == PAD_EVENT).all()
 
 
 def test_random_destinations_are_uniform_over_the_pool():
-    sampler = RandomDestinationSampler(np.array([4, 9, 9, 2, 7, 11]), seed=3)
-    drawn = sampler.sample(20_000)
+    sampler = RandomDestinationSampler(np.array([4, 9, 9, 2, 7, 11]))
+    drawn = sampler.sample(20_000, np.random.default_rng(3))
     assert drawn.dtype == np.int64 and drawn.shape == (20_000,)
     values, counts = np.unique(drawn, return_counts=True)
     assert values.tolist() == [2, 4, 7, 9, 11]  # repeats in the pool collapse
     assert chisquare(counts).pvalue > 1e-3
-    np.testing.assert_array_equal(RandomDestinationSampler([4, 9, 2], seed=3).sample(50),
-                                  RandomDestinationSampler([4, 9, 2], seed=3).sample(50))
-    assert sampler.sample(0).shape == (0,)
+    assert sampler.sample(0, np.random.default_rng(3)).shape == (0,)
+
+
+def test_random_destinations_same_generator_seed_same_draws():
+    first = RandomDestinationSampler([4, 9, 2]).sample(50, np.random.default_rng(3))
+    np.testing.assert_array_equal(first, RandomDestinationSampler([4, 9, 2]).sample(50, np.random.default_rng(3)))
+    assert not np.array_equal(first, RandomDestinationSampler([4, 9, 2]).sample(50, np.random.default_rng(4)))
 
 
 def test_historical_negatives_come_from_before_the_batch():
     rng = np.random.default_rng(21)
     src, dst, t = random_stream(rng, 2000, 300, 400)
-    sampler = HistoricalNegativeSampler(src, dst, t, fallback=np.arange(1000, 1010), seed=0)
+    sampler = HistoricalNegativeSampler(src, dst, t, fallback=np.arange(1000, 1010))
     for start in (500, 1200, 1900):
         batch = slice(start, start + 100)
         negatives = sampler.sample(src[batch], t[batch], np.random.default_rng(start), batch_dst=dst[batch])
@@ -195,8 +208,9 @@ def test_historical_negatives_come_from_before_the_batch():
 def test_historical_negatives_are_uniform_over_distinct_past_destinations():
     # Destination 5 occurs three times in the past but is drawn like 6 and 7; 8 is at the batch time.
     src, dst, t = np.zeros(6, dtype=np.int64), np.array([5, 5, 6, 5, 7, 8]), np.array([0, 1, 1, 2, 3, 4.0])
-    sampler = HistoricalNegativeSampler(src, dst, t, seed=1)
-    drawn = sampler.sample(np.zeros(6000, dtype=np.int64), np.full(6000, 4.0), batch_dst=np.full(6000, 6))
+    sampler = HistoricalNegativeSampler(src, dst, t)
+    drawn = sampler.sample(np.zeros(6000, dtype=np.int64), np.full(6000, 4.0), np.random.default_rng(1),
+                           batch_dst=np.full(6000, 6))
     values, counts = np.unique(drawn, return_counts=True)
     assert values.tolist() == [5, 7]  # 6 is each positive's own destination, 8 is not history
     assert chisquare(counts).pvalue > 1e-3
@@ -204,8 +218,9 @@ def test_historical_negatives_are_uniform_over_distinct_past_destinations():
 
 def test_historical_per_source_uses_the_sources_own_history():
     src, dst, t = np.array([0, 0, 1, 1, 0]), np.array([3, 4, 5, 6, 7]), np.array([1.0, 2, 3, 4, 5])
-    sampler = HistoricalNegativeSampler(src, dst, t, per_source=True, fallback=[100], seed=0)
-    drawn = sampler.sample(np.array([0, 0, 1, 2] * 500), np.full(2000, 5.0), batch_dst=np.array([3, 9, 5, 3] * 500))
+    sampler = HistoricalNegativeSampler(src, dst, t, per_source=True, fallback=[100])
+    drawn = sampler.sample(np.array([0, 0, 1, 2] * 500), np.full(2000, 5.0), np.random.default_rng(0),
+                           batch_dst=np.array([3, 9, 5, 3] * 500))
     assert set(drawn[0::4].tolist()) == {4}  # 3 is the positive's own; 7 is at the batch time
     assert set(drawn[1::4].tolist()) == {3, 4}
     assert set(drawn[2::4].tolist()) == {6}
@@ -214,13 +229,14 @@ def test_historical_per_source_uses_the_sources_own_history():
 
 def test_historical_falls_back_without_history():
     src, dst, t = np.array([0, 1, 2]), np.array([1, 2, 3]), np.array([1.0, 1.0, 2.0])
-    sampler = HistoricalNegativeSampler(src, dst, t, fallback=[40, 41], seed=0)
+    sampler = HistoricalNegativeSampler(src, dst, t, fallback=[40, 41])
+    rng = np.random.default_rng(0)
     # Before (and at) the first time there is no history.
-    assert set(sampler.sample(np.zeros(200, dtype=np.int64), np.full(200, 1.0)).tolist()) == {40, 41}
+    assert set(sampler.sample(np.zeros(200, dtype=np.int64), np.full(200, 1.0), rng).tolist()) == {40, 41}
     # At t=1.5 the history is destinations 1 and 2; leaving out each positive's own (1) leaves 2.
-    assert set(sampler.sample([0] * 50, [1.5] * 50, batch_dst=[1] * 50).tolist()) == {2}
+    assert set(sampler.sample([0] * 50, [1.5] * 50, rng, batch_dst=[1] * 50).tolist()) == {2}
     # The default fallback pool is every destination in the stream.
-    default = HistoricalNegativeSampler(src, dst, t, seed=0).sample(np.zeros(300, dtype=np.int64), np.zeros(300))
+    default = HistoricalNegativeSampler(src, dst, t).sample(np.zeros(300, dtype=np.int64), np.zeros(300), rng)
     assert set(default.tolist()) == {1, 2, 3}
 
 
@@ -231,15 +247,15 @@ def test_errors():
         TemporalNeighborSampler(graph, 0, "recent")
     with pytest.raises(ValueError, match="unknown strategy 'latest'; choose one of recent, uniform"):
         TemporalNeighborSampler(graph, 3, "latest")
-    sampler = TemporalNeighborSampler(graph, 3, "recent")
+    sampler, rng = TemporalNeighborSampler(graph, 3, "recent"), np.random.default_rng(0)
     with pytest.raises(ValueError, match="nodes and times must have one entry per query, got lengths 2 and 3"):
-        sampler.sample(np.array([0, 1]), np.array([1.0, 2.0, 3.0]))
+        sampler.sample(np.array([0, 1]), np.array([1.0, 2.0, 3.0]), rng)
     with pytest.raises(ValueError, match="query node 3 is out of range for a graph of 3 nodes"):
-        sampler.sample(np.array([0, 3]), np.array([1.0, 2.0]))
+        sampler.sample(np.array([0, 3]), np.array([1.0, 2.0]), rng)
     with pytest.raises(ValueError, match="times holds NaN at index 1"):
-        sampler.sample(np.array([0, 1]), np.array([1.0, np.nan]))
+        sampler.sample(np.array([0, 1]), np.array([1.0, np.nan]), rng)
     with pytest.raises(TypeError, match="nodes must hold integer node ids, got dtype float64"):
-        sampler.sample(np.array([0.5]), np.array([1.0]))
+        sampler.sample(np.array([0.5]), np.array([1.0]), rng)
     with pytest.raises(ValueError, match=r"t\[0\]=2.0 > t\[1\]=1.0; sort the events by time"):
         TemporalGraph(src, dst, np.array([2.0, 1.0]), 3)
     with pytest.raises(ValueError, match="src, dst and t must have one entry per event, got lengths 2, 1, 2"):
@@ -251,13 +267,26 @@ def test_errors():
     with pytest.raises(ValueError, match="destinations is empty"):
         RandomDestinationSampler(np.array([], dtype=np.int64))
     with pytest.raises(ValueError, match="n must be >= 0, got -1"):
-        RandomDestinationSampler([1, 2]).sample(-1)
+        RandomDestinationSampler([1, 2]).sample(-1, rng)
     with pytest.raises(ValueError, match="sort the events by time"):
         HistoricalNegativeSampler(src, dst, np.array([2.0, 1.0]))
     with pytest.raises(ValueError, match="the event stream is empty, so there is no default fallback pool"):
         HistoricalNegativeSampler([], [], [])
     historical = HistoricalNegativeSampler(src, dst, t)
     with pytest.raises(ValueError, match="batch_src and batch_time must have one entry per positive"):
-        historical.sample([0, 1], [1.0])
+        historical.sample([0, 1], [1.0], rng)
     with pytest.raises(ValueError, match="batch_dst must have one entry per positive like batch_src"):
-        historical.sample([0, 1], [1.0, 2.0], batch_dst=[1])
+        historical.sample([0, 1], [1.0, 2.0], rng, batch_dst=[1])
+
+
+def test_every_sampler_requires_a_generator():
+    """No sampler falls back to a generator of its own: a draw is always the caller's ``rng``."""
+    src, dst, t = np.array([0, 1]), np.array([1, 2]), np.array([1.0, 2.0])
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'rng'"):
+        TemporalNeighborSampler(TemporalGraph(src, dst, t, 3), 2, "uniform").sample(np.array([1]), np.array([3.0]))
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'rng'"):
+        RandomDestinationSampler([1, 2]).sample(4)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'rng'"):
+        HistoricalNegativeSampler(src, dst, t).sample([0], [3.0], batch_dst=[2])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):
+        RandomDestinationSampler([1, 2], seed=0)
