@@ -19,15 +19,14 @@ class GATConv(nn.Module):
     only the bias (add self-loops in the sampler to avoid them).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, num_heads: int, *, feat_dropout: float = 0.0,
-                 attn_dropout: float = 0.0, negative_slope: float = 0.2, bias: bool = True) -> None:
+    def __init__(self, in_dim: int, out_dim: int, num_heads: int, *, attn_dropout: float = 0.0,
+                 negative_slope: float = 0.2) -> None:
         super().__init__()
         self.in_dim, self.out_dim, self.num_heads = in_dim, out_dim, num_heads
         self.fc = nn.Linear(in_dim, out_dim * num_heads, bias=False)
         self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_dim))
         self.attn_r = nn.Parameter(torch.empty(1, num_heads, out_dim))
-        self.bias = nn.Parameter(torch.zeros(num_heads * out_dim)) if bias else None
-        self.feat_dropout = nn.Dropout(feat_dropout)
+        self.bias = nn.Parameter(torch.zeros(num_heads * out_dim))
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.negative_slope = negative_slope
         self.reset_parameters()
@@ -37,21 +36,17 @@ class GATConv(nn.Module):
         nn.init.xavier_normal_(self.fc.weight, gain=gain)
         nn.init.xavier_normal_(self.attn_l, gain=gain)
         nn.init.xavier_normal_(self.attn_r, gain=gain)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        nn.init.zeros_(self.bias)
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, num_heads, out_dim]."""
-        h = self.fc(self.feat_dropout(x)).view(-1, self.num_heads, self.out_dim)
+        h = self.fc(x).view(-1, self.num_heads, self.out_dim)
         score_src = (h * self.attn_l).sum(-1)  # [num_src, heads]
         score_dst = (h[: block.num_dst] * self.attn_r).sum(-1)  # [num_dst, heads]
         dst = block.dst_index()
         scores = F.leaky_relu(score_src[block.indices] + score_dst[dst], self.negative_slope)
         alpha = self.attn_dropout(segment_softmax(block, scores, dst))
-        out = gather_sum(block, h, alpha, dst)
-        if self.bias is not None:
-            out = out + self.bias.view(1, self.num_heads, self.out_dim)
-        return out
+        return gather_sum(block, h, alpha, dst) + self.bias.view(1, self.num_heads, self.out_dim)
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, heads={self.num_heads}"

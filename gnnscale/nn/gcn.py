@@ -19,17 +19,16 @@ class GCNConv(nn.Module):
     from the degrees inside the block, exactly ``dgl.nn.GraphConv(norm="both")``.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
+    def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.in_dim, self.out_dim = in_dim, out_dim
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
-        self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(out_dim))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.lin.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        nn.init.zeros_(self.bias)
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, out_dim]."""
@@ -44,7 +43,7 @@ class GCNConv(nn.Module):
             out = spmm_sum(block, x * out_deg.rsqrt().unsqueeze(-1)) * in_deg.rsqrt().unsqueeze(-1)
         if not first:
             out = self.lin(out)
-        return out + self.bias if self.bias is not None else out
+        return out + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}"

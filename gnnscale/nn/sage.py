@@ -15,10 +15,10 @@ class SAGEConv(nn.Module):
     carries the bias, ``lin_neigh`` has none.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
+    def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.in_dim, self.out_dim = in_dim, out_dim
-        self.lin_self = nn.Linear(in_dim, out_dim, bias=bias)
+        self.lin_self = nn.Linear(in_dim, out_dim)
         self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
         self.reset_parameters()
 
@@ -26,8 +26,7 @@ class SAGEConv(nn.Module):
         gain = nn.init.calculate_gain("relu")
         nn.init.xavier_uniform_(self.lin_self.weight, gain=gain)
         nn.init.xavier_uniform_(self.lin_neigh.weight, gain=gain)
-        if self.lin_self.bias is not None:
-            nn.init.zeros_(self.lin_self.bias)
+        nn.init.zeros_(self.lin_self.bias)
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
         """``x`` float [num_src, in_dim] -> float [num_dst, out_dim]."""
