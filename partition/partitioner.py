@@ -30,9 +30,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
     renamed at the end; on any error or interrupt nothing is left behind.
 
     Args:
-        dataset: the graph, features, labels and masks.
         out_dir: the partition folder to create (its layout: docs/partitioning.md).
-        config: what to do.
         force: replace an existing partition folder (only once the new one is complete).
         command: the command line to record in the manifest.
         monitor: stage timer to continue (the command line times loading with it); a new
@@ -109,13 +107,10 @@ def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: Partiti
         "metric": dataset.metric,
         "num_splits": s,
         "halo_hops": config.halo_hops,
-        "node_data": {
-            "features": {"dtype": str(dataset.features.dtype), "shape": [n, dataset.num_features]},
-            "labels": {"dtype": str(dataset.labels.dtype), "shape": [n]},
-            "train_masks": {"dtype": "bool", "shape": [s, n]},
-            "val_masks": {"dtype": "bool", "shape": [s, n]},
-            "test_masks": {"dtype": "bool", "shape": [s, n]},
-        },
+        "node_data": {"features": {"dtype": str(dataset.features.dtype), "shape": [n, dataset.num_features]},
+                      "labels": {"dtype": str(dataset.labels.dtype), "shape": [n]},
+                      **{name: {"dtype": "bool", "shape": [s, n]}
+                         for name in ("train_masks", "val_masks", "test_masks")}},
         "partitioning": partitioning,
         "quality": quality,
         "stages": stages,

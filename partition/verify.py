@@ -177,11 +177,8 @@ def _compare_with_dataset(manifest: dict, parts: list[dict], offsets: np.ndarray
             if not np.array_equal(arrays["features"][lo:lo + chunk], dataset.features[orig[lo:lo + chunk]]):
                 raise PartitionError(f"{part_file(p, 'features')}: rows {lo}..{min(lo + chunk, orig.shape[0]) - 1} "
                                      f"differ from the dataset's features of their original nodes")
-        checks = (("labels", arrays["labels"], dataset.labels[orig]),
-                  ("train_masks", arrays["train_masks"], dataset.train_masks[:, orig]),
-                  ("val_masks", arrays["val_masks"], dataset.val_masks[:, orig]),
-                  ("test_masks", arrays["test_masks"], dataset.test_masks[:, orig]))
-        for name, stored_array, expected_array in checks:
-            if not np.array_equal(stored_array, expected_array):
+        for name in ("labels", "train_masks", "val_masks", "test_masks"):
+            expected_rows = dataset.labels[orig] if name == "labels" else getattr(dataset, name)[:, orig]
+            if not np.array_equal(arrays[name], expected_rows):
                 raise PartitionError(f"{part_file(p, name)}: differs from the dataset's {name.rstrip('s')} of "
                                      f"the owned nodes")

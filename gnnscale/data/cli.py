@@ -21,7 +21,6 @@ def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str | Non
     """Add the common dataset options to ``parser`` (two argument groups: data, synthetic graph).
 
     Args:
-        parser: the command's parser.
         default: the ``--dataset`` default; ``None`` for commands where the dataset is optional
             (``args.dataset`` is then ``None`` when the option is not given).
     """

@@ -43,7 +43,7 @@ def load_dataset(name: str, data_dir: str | Path | None, **kwargs: Any) -> Graph
 
     Args:
         name: one of :data:`DATASET_NAMES` (case-insensitive).
-        data_dir: where the files are (see the module table); ``None`` only for
+        data_dir: where the files are (docs/training.md, Data); ``None`` only for
             ``"synthetic"``, which generates its graph instead.
         **kwargs: passed on to the format's loader, e.g. ``row_normalize=False`` for
             Planetoid, ``seed=`` for an edge list without masks, or ``num_nodes``,

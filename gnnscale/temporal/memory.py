@@ -122,12 +122,7 @@ class MemoryState:
 
 
 class TemporalMemory(nn.Module):
-    """Learnable memory updater (time encoder + GRU cell) around a :class:`MemoryState`.
-
-    Args:
-        num_nodes: nodes in the event stream.
-        config: sizes and aggregator.
-    """
+    """Learnable memory updater (time encoder + GRU cell) around the :class:`MemoryState` of ``num_nodes`` nodes."""
 
     def __init__(self, num_nodes: int, config: MemoryConfig) -> None:
         super().__init__()

@@ -107,13 +107,8 @@ class LinkPredictor(nn.Module):
 
 
 class TGN(nn.Module):
-    """Memory, one temporal attention layer and a link predictor.
-
-    Args:
-        num_nodes: nodes in the event stream.
-        memory_config: the memory's sizes (its ``edge_dim`` is the events' feature width).
-        config: embedding sizes.
-    """
+    """Memory, one temporal attention layer and a link predictor; ``memory_config.edge_dim`` is the
+    events' feature width."""
 
     def __init__(self, num_nodes: int, memory_config: MemoryConfig, config: TGNConfig) -> None:
         super().__init__()
