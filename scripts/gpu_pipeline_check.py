@@ -1,13 +1,13 @@
 """Check the host-to-device mini-batch pipeline on a GPU with batches sampled and saved on the CPU.
 
-The GPU machine's torch may be too new for DGL (``import dgl`` fails there), so sampling happens
-on a CPU machine and the GPU machine only replays the saved batches::
+Sampling and replay are separate steps, so the GPU side is measured on exactly the batches a CPU
+run samples (both steps also run on the GPU machine itself: nothing here needs DGL)::
 
-    # 1. On a machine with DGL (this repository's venv), sample and save (265 MiB, about 10 s):
+    # 1. Sample and save (265 MiB, about 10 s):
     python scripts/gpu_pipeline_check.py save --out runs/gpu_check_data
     # 2. Copy the repository and the folder to the GPU machine (runs/ is git-ignored: never commit the folder,
     #    step 1 regenerates it), then run the check there (a few minutes at most) -- it needs torch and numpy
-    #    only, not DGL, and not an installed gnnscale:
+    #    only, not an installed gnnscale:
     python scripts/gpu_pipeline_check.py check runs/gpu_check_data --out runs/gpu_pipeline_check.json
     # Here, without a GPU, the same check runs end to end on the CPU (bandwidths are then null):
     python scripts/gpu_pipeline_check.py check runs/gpu_check_data --device cpu --epochs 1
@@ -18,7 +18,7 @@ with ``samplers.NeighborSampler`` (batch ``i`` drawn with ``batch_rng(seed, 0, i
 ``batch_{i:04d}.pt`` (``MiniBatch.save``), ``features.npy``, ``labels.npy`` and, last,
 ``manifest.json``.
 
-``check`` imports neither DGL nor ``samplers``.  It measures:
+``check`` imports neither ``samplers`` nor the data generator.  It measures:
 
 * **plain copies** (reference): a pinned host tensor the size of the median batch's features
   copied to the device (``non_blocking``, timed with CUDA events, median of several), and a
@@ -92,11 +92,10 @@ class CheckError(Exception):
     """A usage or data problem, reported as one line and exit status 2."""
 
 
-# ====================================================================== save (CPU, DGL)
+# ====================================================================== save (CPU)
 def cmd_save(args: argparse.Namespace) -> dict:
     """Generate the graph, sample and save the batches; returns the manifest."""
-    # Sampling needs DGL: imported here only, so `check` runs where DGL cannot load.
-    os.environ.setdefault("DGLBACKEND", "pytorch")
+    # Imported here only: `check` replays saved batches and needs neither the samplers nor the generator.
     from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
     from samplers import NeighborSampler, SamplerConfig
 
@@ -170,7 +169,7 @@ def parse_fanouts(text: str) -> list[int]:
     return fanouts
 
 
-# ====================================================================== check (GPU, no DGL)
+# ====================================================================== check (GPU)
 @dataclass
 class Saved:
     """What ``save`` wrote, loaded into host memory."""
@@ -462,7 +461,7 @@ def cmd_check(args: argparse.Namespace) -> dict:
             "python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "cuda": torch.version.cuda, "device_name": device_name(device), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
-            # The check must run where DGL cannot load: it imports neither DGL nor the samplers.
+            # The replay measures the pipeline alone: nothing samples during the check.
             "dgl_imported": "dgl" in sys.modules, "samplers_imported": "samplers" in sys.modules},
         "reference": reference,
         "results": results,
@@ -510,11 +509,11 @@ def log(message: str) -> None:
 # ====================================================================== command line
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="Run `save` where DGL imports, copy the folder to the GPU machine, run "
-                                            "`check` there; the script's docstring explains the measurements.",
+                                     epilog="Run `save`, then `check` on the GPU machine (copy the folder there "
+                                            "if `save` ran elsewhere); the script's docstring explains the measurements.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{save,check}")
-    save = commands.add_parser("save", help="sample batches on the CPU and save them (needs DGL)",
+    save = commands.add_parser("save", help="sample batches on the CPU and save them",
                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     save.add_argument("--out", type=Path, required=True, help="folder to write (created; never commit it)")
     save.add_argument("--num-nodes", type=int, default=200_000)
@@ -527,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--seed", type=int, default=0, help="seeds the graph, the seed order and the sampling")
 
     check = commands.add_parser("check", help="replay the saved batches through the loader and device feeder "
-                                "(no DGL needed)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                "(imports no sampler)", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     check.add_argument("folder", type=Path, help="a folder written by `save`")
     check.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (no bandwidths then)")
     check.add_argument("--epochs", type=int, default=3, help="timed epochs per configuration")

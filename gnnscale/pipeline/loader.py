@@ -20,7 +20,7 @@ Design points:
   cannot deadlock, and at most that many batches exist at once (bounded memory).
   With ``pin_memory`` the slots are page-locked, so a copy to the GPU is a true async DMA.
 * **Determinism.**  Batch ``i`` of epoch ``e`` is sampled with its own generator,
-  ``numpy.random.default_rng((seed, e, i))``, so batches are the same whatever the number of
+  ``numpy.random.default_rng((seed, e, i, rank))``, so batches are the same whatever the number of
   workers and whichever worker takes which batch.
 * **Shutdown.**  Workers live for one pass over the data.  When the pass ends -- normally, by
   ``break``, by an exception in the trainer or a worker, or by Ctrl-C -- the pass's ``finally``

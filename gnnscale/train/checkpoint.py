@@ -2,8 +2,9 @@
 
 A checkpoint holds plain containers of tensors and numbers only: model and optimizer
 state, the epoch just finished, the best validation result so far (with its weights),
-the history, the torch RNG state and a fingerprint of the settings that must not change
-across a resume.  It is written to a sibling temporary file and renamed into place, so a
+the fit loop's state (best epoch with its weights, patience count, history) and a fingerprint
+of the settings that must not change across a resume.  No RNG state: the trainer reseeds from
+``(seed, epoch, rank)`` at every epoch.  It is written to a sibling temporary file and renamed into place, so a
 crash mid-write leaves the previous checkpoint intact.
 """
 
