@@ -18,7 +18,7 @@ so owners always hold their nodes' latest state, and a replica is refreshed at l
 ``K + 1`` steps.  With ``K = 0`` every read sees exactly what a single process would (owners
 aggregate a node's messages in the global batch's order, see :meth:`TemporalMemory.deliver`).
 
-**Versions and staleness** (defined in the README, "Sharded memory").  Every row carries its
+**Versions and staleness** (defined in docs/temporal.md, "Sharded memory").  Every row carries its
 *version*, the global step of the owner's write it reflects (after a reset: the step before it).
 A remote read at step ``s`` that missed owner writes has staleness ``s - m`` for the earliest
 missed write ``m``; replicas are refreshed through step ``s - 1 - j`` with ``j <= K``, so it never
@@ -58,13 +58,6 @@ class StalenessStats:
     """Remote reads that missed at least one write of the owner."""
     staleness_sum: int = 0
     staleness_max: int = 0
-
-    def add(self, other: "StalenessStats") -> None:
-        self.reads += other.reads
-        self.remote_reads += other.remote_reads
-        self.stale_reads += other.stale_reads
-        self.staleness_sum += other.staleness_sum
-        self.staleness_max = max(self.staleness_max, other.staleness_max)
 
     def as_dict(self) -> dict[str, float]:
         remote = max(self.remote_reads, 1)
