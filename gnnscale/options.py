@@ -40,8 +40,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
                                  "only ids (cuda)"),
     "--no-keep-freed-memory": dict(dest="keep_freed_memory", action="store_false", help="return freed memory to "
                                    "the system after every step (slower: pages fault in again)"),
-    # 120 s, not 60: a false alarm kills a healthy job, while a real failure is only noticed a minute
-    # later; rank 0 alone partitioning, evaluating or checkpointing can keep the others waiting.
+    # 120 s, not 60: see docs/distributed.md, Failures.
     "--failure-timeout": dict(type=float, default=120.0, help="seconds without an answer after which a rank is "
                               "declared dead or hung and the others stop, naming it"),
     "--out": dict(type=Path, default=None, help="run folder for metrics.json (and checkpoint.pt, with "

@@ -11,12 +11,10 @@
 Pipeline (one line of progress per stage): **load** the dataset; **metis**: multi-constraint
 k-way METIS on the symmetrised graph (one vertex-weight column per ``--balance`` constraint,
 then :mod:`partition.rebalance` where METIS misses its 1.03 tolerance) or a seeded random
-assignment; **relabel**: partition ``p`` gets the contiguous new global
-ids ``[start_p, end_p)``, nodes keeping their original relative order; **write** each
-partition's arrays, streamed in chunks and hashed while written; **checksum**: finish the
-hashes and write the manifest.  The folder is written as ``OUT.tmp-<pid>`` and renamed to
-``OUT`` at the end, so it is complete or absent; ``--force`` replaces an existing one only
-after the new one is complete.
+assignment; **relabel**: partition ``p`` gets the contiguous new global ids ``[start_p, end_p)``,
+nodes keeping their original relative order; **write** each partition's arrays, streamed in
+chunks and hashed while written; **checksum**: finish the hashes and write the manifest.  The
+folder appears complete or not at all (:func:`partition.writer.atomic_directory`).
 
 The folder's layout (format version 1) and its three id spaces are drawn in docs/partitioning.md,
 "The partition folder": a ``manifest.json``, ``orig2new.npy``, and per partition ``part<p>/``

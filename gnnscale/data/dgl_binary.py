@@ -1,18 +1,12 @@
 """Graphs saved with ``dgl.save_graphs``.
 
-The graph's ``ndata`` must hold::
-
-    feat        float [N, F]
-    label       int   [N] (or [N, 1])
-    train_mask  bool  [N] or [N, S] for S splits (DGL's column-per-split habit,
-    val_mask                         e.g. its heterophilous datasets)
-    test_mask
-
-``save_graphs`` stores bool tensors as uint8, so masks are compared with zero rather
-than trusted to be bool.  Edges are taken as stored (DGL's citation datasets
-already hold both directions); pass ``symmetrize=True`` for a graph that stores each
-undirected edge once.  ``dgl`` is the optional ``[dgl]`` extra, imported inside the
-loader: it is slow to import, and its newest build imports only with torch <= 2.2.1.
+The graph's ``ndata`` must hold ``feat`` float [N, F], ``label`` int [N] (or [N, 1]) and
+``train_mask``, ``val_mask``, ``test_mask`` bool [N], or [N, S] for S splits (DGL's
+column-per-split habit, e.g. its heterophilous datasets).  ``save_graphs`` stores bool tensors
+as uint8, so masks are compared with zero rather than trusted to be bool.  Edges are taken as
+stored (DGL's citation datasets already hold both directions); pass ``symmetrize=True`` for a
+graph that stores each undirected edge once.  ``dgl`` is the optional ``[dgl]`` extra, imported
+inside the loader: it is slow to import, and its newest build imports only with torch <= 2.2.1.
 """
 
 from __future__ import annotations

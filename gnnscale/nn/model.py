@@ -131,7 +131,6 @@ class GNN(nn.Module):
 
     def output_width(self, index: int) -> int:
         """Width of layer ``index``'s output after :meth:`layer` (for preallocating inference buffers)."""
-        last = index == self.num_layers - 1
-        if last:
+        if index == self.num_layers - 1:
             return self.output_proj.out_features if self.config.residual else self.convs[index].out_dim
         return self._hidden_width()
