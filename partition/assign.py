@@ -77,12 +77,8 @@ def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndar
 
 
 def max_over_mean(parts: np.ndarray, weights: np.ndarray, num_parts: int) -> np.ndarray:
-    """float64 [ncon]: each weight column's largest partition total over its mean partition total.
-
-    Args:
-        parts: int64 [N] partition of each node.
-        weights: int64 [N, ncon] vertex weights.
-    """
+    """float64 [ncon]: for each column of ``weights`` (int64 [N, ncon]), the largest partition total
+    over the mean partition total, partitions given by ``parts`` (int64 [N])."""
     totals = np.stack([np.bincount(parts, weights=weights[:, c], minlength=num_parts)
                        for c in range(weights.shape[1])])
     return totals.max(axis=1) / np.maximum(totals.mean(axis=1), 1e-300)
@@ -134,12 +130,11 @@ def metis_adjacency(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray
 def is_symmetric_without_loops(indptr: np.ndarray, indices: np.ndarray) -> bool:
     """Whether every edge ``u -> v`` has its reverse, with no self loops and no repeated edge.
 
-    Exact for loops and repeats; symmetry is tested by comparing an order-independent
-    hash of the edge set, ``sum(mix(v * N + u))``, with that of the reversed edges (64-bit
-    splitmix sums: two different edge sets collide with probability about 2**-64).  This
-    needs no sort and no per-edge array, unlike building the transpose.  It relies on each
-    destination's sources being ascending (as every gnnscale loader stores them); unsorted
-    sources answer ``False`` and the caller symmetrises a copy, which is still correct.
+    Exact for loops and repeats; symmetry compares an order-independent hash of the edge set,
+    ``sum(splitmix(v * N + u))`` modulo 2**64, with that of the reversed edges (two edge sets
+    collide with probability about 2**-64): no sort and no per-edge array, unlike a transpose.
+    Sources must ascend within each destination, as every loader stores them; unsorted ones
+    answer ``False`` and the caller symmetrises a copy, which is still correct.
 
     Args:
         indptr: int64 [N + 1] CSC offsets.

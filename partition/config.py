@@ -64,10 +64,9 @@ class PartitionConfig:
             raise ValueError(f"balance constraints {list(self.balance)} repeat a name; list each at most once")
         if self.halo_hops < 0:
             raise ValueError(f"halo_hops must be >= 0, got {self.halo_hops}; 1 lists the direct in-neighbours")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.split < 0:
-            raise ValueError(f"split must be >= 0, got {self.split}")
+        for name in ("seed", "split"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 1 <= self.ufactor <= 1000:
             raise ValueError(f"ufactor must be in [1, 1000] (thousandths of imbalance), got {self.ufactor}")
         if self.niter < 1:

@@ -26,8 +26,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
                     command: str | None = None, monitor: StageMonitor | None = None) -> dict:
     """Partition ``dataset`` into ``config.num_parts`` parts and write the folder ``out_dir``.
 
-    The folder appears complete or not at all: it is written as a temporary sibling and
-    renamed at the end; on any error or interrupt nothing is left behind.
+    The folder appears complete or not at all (:func:`~partition.writer.atomic_directory`).
 
     Args:
         out_dir: the partition folder to create (its layout: docs/partitioning.md).

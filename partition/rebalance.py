@@ -4,10 +4,8 @@ METIS' multi-constraint k-way (as bundled with pymetis) does not enforce its tol
 tolokers (11,758 nodes, skewed degrees) it leaves the edge constraint 69-75% over the mean,
 and on 20k-node synthetic graphs 5-10% over.  A rank's load is what it owns, and the
 slowest rank sets the pace of every synchronous step, so a partition folder should keep
-the balance it promises.  This pass lowers the total overload (how far each constraint of
-each partition exceeds ``tolerance x mean``) by moving nodes, those adding the fewest cut
-edges per unit of overload removed first, until nothing is over or no move helps.  What it
-costs in cut (moves go one way only; pairwise swaps would be the next step) is measured in
+the balance it promises.  :func:`rebalance` moves nodes until it does; what that costs in cut
+(moves go one way only; pairwise swaps would be the next step) is measured in
 docs/partitioning.md, METIS.
 """
 

@@ -30,11 +30,8 @@ def gather_segments(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) ->
 
 
 def node_chunks(indptr: np.ndarray, max_edges: int = CHUNK_EDGES) -> list[tuple[int, int]]:
-    """Consecutive row ranges ``[lo, hi)`` of about ``max_edges`` edges each (at least one row each).
-
-    Args:
-        indptr: int64 [R + 1] non-decreasing offsets.
-    """
+    """Consecutive row ranges ``[lo, hi)`` of ``indptr`` (int64 [R + 1]) with about ``max_edges`` edges
+    each (at least one row each)."""
     num_rows = indptr.shape[0] - 1
     marks = np.arange(max_edges, int(indptr[-1]), max_edges, dtype=np.int64)
     bounds = np.searchsorted(indptr, marks, side="right") - 1

@@ -18,17 +18,12 @@ import numpy as np
 
 from gnnscale.data.dataset import GraphDataset, csc_from_edges, fail
 
-# name -> (module, function, fixed keyword arguments).  The heterophilous-graphs
-# datasets share one format, so each name just fixes ``name=``.
+# name -> (module, function, fixed keyword arguments).  The Planetoid and the heterophilous-graphs
+# datasets share one format each, so each name just fixes ``name=``.
 _REGISTRY: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "cora": ("gnnscale.data.planetoid", "load_planetoid", {"name": "cora"}),
-    "citeseer": ("gnnscale.data.planetoid", "load_planetoid", {"name": "citeseer"}),
-    "pubmed": ("gnnscale.data.planetoid", "load_planetoid", {"name": "pubmed"}),
-    "tolokers": ("gnnscale.data.heterophilous", "load_heterophilous", {"name": "tolokers"}),
-    "roman-empire": ("gnnscale.data.heterophilous", "load_heterophilous", {"name": "roman-empire"}),
-    "amazon-ratings": ("gnnscale.data.heterophilous", "load_heterophilous", {"name": "amazon-ratings"}),
-    "minesweeper": ("gnnscale.data.heterophilous", "load_heterophilous", {"name": "minesweeper"}),
-    "questions": ("gnnscale.data.heterophilous", "load_heterophilous", {"name": "questions"}),
+    **{name: ("gnnscale.data.planetoid", "load_planetoid", {"name": name}) for name in ("cora", "citeseer", "pubmed")},
+    **{name: ("gnnscale.data.heterophilous", "load_heterophilous", {"name": name})
+       for name in ("tolokers", "roman-empire", "amazon-ratings", "minesweeper", "questions")},
     "dgl": ("gnnscale.data.dgl_binary", "load_dgl_binary", {}),
     "ogb": ("gnnscale.data.ogb", "load_ogb_node", {}),
     "edgelist": ("gnnscale.data.edgelist", "load_edgelist", {}),

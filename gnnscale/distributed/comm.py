@@ -117,17 +117,10 @@ class Exchanger:
 
 
 def split_by_owner(owner: Tensor, world_size: int) -> tuple[Tensor, list[int]]:
-    """A stable permutation grouping positions by owner, and the size of each group.
-
-    Args:
-        owner: int64 [n], the rank owning each position.
-
-    Returns:
-        ``(order, sizes)``: ``order`` int64 [n] such that ``owner[order]`` is non-decreasing
-        and keeps the input order inside each owner; ``sizes[r]`` positions belong to rank ``r``.
-    """
+    """``(order, sizes)`` for ``owner`` int64 [n], the rank owning each position: ``order`` int64 [n]
+    makes ``owner[order]`` non-decreasing, keeping the input order within each owner (a stable
+    grouping), and ``sizes[r]`` positions belong to rank ``r``."""
     sizes = torch.bincount(owner, minlength=world_size).tolist()
     if world_size == 1:
         return torch.arange(owner.numel()), sizes
-    order = torch.sort(owner, stable=True).indices
-    return order, sizes
+    return torch.sort(owner, stable=True).indices, sizes

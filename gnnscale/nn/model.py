@@ -44,10 +44,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.model not in ("sage", "gcn", "gat"):
             raise ValueError(f"unknown model {self.model!r}; choose one of sage, gcn, gat")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
-        if self.hidden < 1:
-            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
+        for name in ("num_layers", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("dropout", "input_dropout", "attn_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
