@@ -37,9 +37,8 @@ _MAX_PENDING = 8
 
 
 class PartitionError(ValueError):
-    """A partition folder that is damaged, incomplete, inconsistent, not ours, or unlike its dataset.
-
-    The message names the file (or the check) and the fix."""
+    """A partition folder that is damaged, incomplete, inconsistent, not ours, or unlike its dataset;
+    the message names the file (or the check) and the fix."""
 
 
 def part_file(part: int, name: str) -> str:

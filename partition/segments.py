@@ -11,13 +11,8 @@ CHUNK_EDGES = 1 << 23
 def gather_segments(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Concatenate ``values[indptr[r]:indptr[r + 1]]`` for every ``r`` in ``rows``, vectorised.
 
-    Args:
-        indptr: int64 [R + 1] offsets into ``values``.
-        values: [M] (any dtype; may be a memmap).
-        rows: int [n] row ids, any order, repeats allowed.
-
-    Returns:
-        [sum of the segment lengths] values, segment after segment in ``rows`` order.
+    ``indptr`` is int64 [R + 1], ``values`` [M] of any dtype (may be a memmap), ``rows`` int [n] in any
+    order, repeats allowed; the result holds the segments one after another, in ``rows`` order.
     """
     rows = np.asarray(rows, dtype=np.int64)
     starts = np.asarray(indptr[rows], dtype=np.int64)

@@ -97,10 +97,8 @@ class GraphDataset:
     def split(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The ``(train, val, test)`` bool masks of split ``index``."""
         if not 0 <= index < self.num_splits:
-            raise ValueError(
-                f"split {index} does not exist: {self.name} has {self.num_splits} split(s); "
-                f"pass --split between 0 and {self.num_splits - 1}"
-            )
+            raise ValueError(f"split {index} does not exist: {self.name} has {self.num_splits} split(s); "
+                             f"pass --split between 0 and {self.num_splits - 1}")
         return self.train_masks[index], self.val_masks[index], self.test_masks[index]
 
     # ------------------------------------------------------------------ validation

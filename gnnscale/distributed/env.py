@@ -58,8 +58,7 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
         ValueError: the variables are partial or inconsistent (e.g. ``RANK`` set but not ``WORLD_SIZE``).
     """
     environ = os.environ if environ is None else environ
-    present = [name for name in ("RANK", "WORLD_SIZE") if name in environ]
-    if not present:
+    if "RANK" not in environ and "WORLD_SIZE" not in environ:
         return DistEnv()
     missing = [name for name in TORCHRUN_VARIABLES if name not in environ]
     if missing:
