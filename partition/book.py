@@ -36,16 +36,11 @@ class PartitionBook:
 
     @classmethod
     def from_parts(cls, parts: np.ndarray, num_parts: int) -> tuple[PartitionBook, np.ndarray]:
-        """Relabel from a partition assignment: ``(book, new2orig)``, both in memory.
+        """Relabel from ``parts`` (int [N], the partition of each original id): the book, and new2orig
+        (int64 [N], the original id of each new global id), both in memory.
 
         Nodes keep their original relative order inside a partition (a stable sort by
         partition), so locality in the original ids survives the relabelling.
-
-        Args:
-            parts: int [N], the partition of each original id, in ``[0, num_parts)``.
-
-        Returns:
-            The book, and new2orig: int64 [N], the original id of each new global id.
         """
         counts = np.bincount(parts, minlength=num_parts)
         assert counts.shape[0] == num_parts, (counts.shape, num_parts)

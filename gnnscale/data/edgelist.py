@@ -62,15 +62,15 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     src, dst = _read_edges(edge_path)
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
 
-    present = [(folder / f"{mask}.npy").is_file() for mask in _MASK_NAMES]
+    mask_paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
+    present = [path.is_file() for path in mask_paths]
     if all(present):
-        paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
         masks = [check_split_masks(_load_npy(path, mask), num_nodes, str(path), mask)
-                 for path, mask in zip(paths, _MASK_NAMES)]
+                 for path, mask in zip(mask_paths, _MASK_NAMES)]
         _check_disjoint(masks, folder)
     elif any(present):
-        missing = [mask for mask, ok in zip(_MASK_NAMES, present) if not ok]
-        raise fail(str(folder / f"{missing[0]}.npy"), missing[0], "file not found, but other mask files exist",
+        missing = present.index(False)
+        raise fail(str(mask_paths[missing]), _MASK_NAMES[missing], "file not found, but other mask files exist",
                    "give all of train_mask.npy, val_mask.npy, test_mask.npy, or none for a random split")
     else:
         masks = list(random_split(num_nodes, seed))

@@ -37,9 +37,8 @@ def load_heterophilous(data_dir: str | Path, *, name: str) -> GraphDataset:
         name: dataset name, e.g. ``"tolokers"``.
 
     Returns:
-        A :class:`GraphDataset` with a symmetric graph (self loops and duplicates
-        removed), ``num_splits`` = 10, and metric ``"roc_auc"`` for binary labels,
-        else ``"accuracy"``.
+        A :class:`GraphDataset` with a symmetric graph (self loops and duplicates removed),
+        ``num_splits`` = 10, and metric ``"roc_auc"`` for binary labels, else ``"accuracy"``.
     """
     data_dir = Path(data_dir)
     path = data_dir if data_dir.suffix == ".npz" else data_dir / f"{name}.npz"

@@ -94,16 +94,9 @@ def require_dir(path: Path, field_name: str, fix: str) -> Path:
 
 def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, *,
                  symmetrize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Check that the ids are integers in ``[0, num_nodes)``, then build CSC without self loops and duplicates.
-
-    ``csc_from_edges`` trusts its input: an out-of-range id would silently corrupt its dst-major sort key.
-
-    Args:
-        src, dst: integer [num_edges] endpoints, 0-based.
-        symmetrize: add every reverse edge (data that stores each undirected edge once).
-
-    Returns:
-        ``(indptr, indices)``: int64 [num_nodes + 1] and int64 [num_stored_edges].
+    """CSC ``(indptr, indices)`` of the edges ``src -> dst`` (integer [num_edges], 0-based), without self
+    loops and duplicates, plus every reverse edge if ``symmetrize``.  The ids are checked first:
+    ``csc_from_edges`` trusts its input, and an out-of-range id would corrupt its dst-major sort key.
     """
     if not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
         raise fail(source, "edges", f"node ids must be integers, got dtype {src.dtype}",
@@ -132,11 +125,7 @@ def check_split_masks(mask: np.ndarray, num_nodes: int, source: str, field_name:
 
 
 def random_split(num_nodes: int, seed: int, fractions: tuple[float, float] = (0.6, 0.2)) -> tuple[np.ndarray, ...]:
-    """Deterministic random train/val/test split (the rest is test).
-
-    Returns:
-        ``(train, val, test)``: bool [num_nodes] each, disjoint, covering every node.
-    """
+    """Deterministic random ``(train, val, test)`` masks, bool [num_nodes] each, disjoint, covering every node."""
     num_train = int(round(fractions[0] * num_nodes))
     ends = [num_train, num_train + int(round(fractions[1] * num_nodes))]
     # The node at position i of a seeded permutation goes to the part whose range of positions holds i.
