@@ -14,19 +14,15 @@ import numpy as np
 
 def expand_halo(first_hop: np.ndarray, owned: tuple[int, int], hops: int, num_nodes: int,
                 in_neighbors: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """The halo of the owned range after ``hops`` hops.
+    """The halo of the owned range ``(start, end)`` after ``hops`` >= 1 hops: int64 [h], sorted unique
+    new global ids outside ``owned``.
 
     Args:
         first_hop: int64, sorted unique: the non-owned sources of the owned nodes' in-edges
             (the halo for one hop), in new global ids.
-        owned: ``(start, end)``, the owned new-global-id range.
-        hops: H >= 1.
         num_nodes: N, for the visited mask (N bytes).
         in_neighbors: maps int64 new global ids to the new global ids of their in-neighbours
             (any order, repeats allowed).
-
-    Returns:
-        int64 [h], sorted unique new global ids outside ``owned``.
     """
     assert hops >= 1
     if hops == 1:

@@ -30,7 +30,6 @@ def write_partitions(dataset: GraphDataset, book: PartitionBook, new2orig: np.nd
 
     Args:
         new2orig: int64 [N], the original id of each new global id.
-        halo_hops: H >= 0.
         split: the split whose training nodes are counted (``num_train``).
 
     Returns:

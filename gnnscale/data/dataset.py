@@ -187,10 +187,7 @@ def check_labels(labels: np.ndarray, num_nodes: int, source: str,
 
 
 def _as_split_masks(mask: np.ndarray) -> np.ndarray:
-    mask = np.asarray(mask)
-    if mask.ndim == 1:
-        mask = mask[None, :]
-    return np.ascontiguousarray(mask.astype(bool, copy=False))
+    return np.ascontiguousarray(np.atleast_2d(mask).astype(bool, copy=False))  # [N] is one split
 
 
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,

@@ -113,8 +113,7 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, 
 
 def check_split_masks(mask: np.ndarray, num_nodes: int, source: str, field_name: str) -> np.ndarray:
     """bool [S, N] from a bool [N] or [S, N] mask, or a DatasetError naming the bad shape or dtype."""
-    if mask.ndim == 1:
-        mask = mask[None, :]
+    mask = np.atleast_2d(mask)  # [N] is one split
     if mask.ndim != 2 or mask.shape[1] != num_nodes:
         raise fail(source, field_name, f"expected bool [num_splits, {num_nodes}], got {mask.dtype} "
                    f"{list(mask.shape)}", "store one boolean per node (and per split)")

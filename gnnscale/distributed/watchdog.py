@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -363,7 +363,5 @@ class Watchdog:
     @staticmethod
     def _write(message: str) -> None:
         # os.write: sys.stderr's lock may be held by the main thread, stuck mid-write.
-        try:
+        with suppress(OSError):
             os.write(2, (message + "\n").encode())
-        except OSError:
-            pass

@@ -267,8 +267,6 @@ class ShardedMemory:
     def _score_reads(self, first: Tensor) -> None:
         """Staleness of the remote reads since the last refresh; ``first`` [N]: each node's first write
         since then (``NEVER`` if none)."""
-        if not self._reads:
-            return
         stats = self.stats
         for remote, step in self._reads:
             earliest = first[remote]

@@ -49,8 +49,7 @@ class Neighborhood:
 
 
 class TemporalAttention(nn.Module):
-    """One layer of TGN's graph attention embedding: multi-head attention from ``[s_i, phi(0)]`` over
-    the keys and values ``[s_j, e_j, phi(t - t_j)]`` of the sampled past events, then a merge MLP.
+    """One layer of TGN's graph attention embedding (the module docstring's attention), then a merge MLP.
 
     The key and value projections are split in two: the neighbour-memory part is applied once per
     *distinct* neighbour (a batch's neighbourhoods repeat the same nodes many times), the
