@@ -68,7 +68,7 @@ def test_torchrun_environment_is_read_once_and_checked() -> None:
 
 
 def test_epoch_seeds_differ_by_rank_and_epoch() -> None:
-    from gnnscale.train.trainer import epoch_seed
+    from gnnscale.train.fit import epoch_seed
 
     seeds = {epoch_seed(0, e, r) for e in range(5) for r in range(4)}
     assert len(seeds) == 20 and all(0 <= s < 2**32 for s in seeds)

@@ -42,7 +42,7 @@ from gnnscale.metrics import average_precision, mean_reciprocal_rank
 from gnnscale.temporal.memory import MemoryConfig
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
-from gnnscale.train.fit import FitState, fit
+from gnnscale.train.fit import FitState, epoch_seed, fit
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -279,6 +279,9 @@ class TemporalLinkTrainer:
         """One pass over the training events from zero memory; the mean global batch loss."""
         self.model.train()
         self.shard.reset()
+        # Dropout draws from torch's generator: reseeded per epoch (alike on every rank, as the batches
+        # are), so the run depends on --seed alone, not on what the process drew before.
+        torch.manual_seed(epoch_seed(self.config.seed, epoch, 0))
         rng = np.random.default_rng((self.config.seed, epoch))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
         losses = []

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger("gnnscale.train")
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The torch seed of ``rank`` in ``epoch``: independent streams, reproducible after a resume."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
 @dataclass(kw_only=True)

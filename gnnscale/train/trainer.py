@@ -47,7 +47,7 @@ from gnnscale.pipeline import LoaderConfig, PrefetchLoader, split_batches
 from gnnscale.pipeline.device import DeviceFeeder
 from gnnscale.progress import Progress
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from gnnscale.train.fit import FitState, fit
+from gnnscale.train.fit import FitState, epoch_seed, fit
 from partition.load import Partition
 from samplers.distributed import DistNeighborSampler, LocalGraph
 from samplers.neighbor import SamplerConfig, make_block
@@ -134,11 +134,6 @@ class TrainResult:
     epochs_run: int
     train_seconds: float
     history: list[dict]
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The torch seed of ``rank`` in ``epoch``: independent streams, reproducible after a resume."""
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
 def resident(array: np.ndarray, dtype: type) -> np.ndarray:
