@@ -134,6 +134,7 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
                 continue
             row = int(np.flatnonzero(bad.to_numpy())[0])
             value = frame[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value  # numpy 2 reprs np.float64(2.5)
             raise fail(str(path), "edges", f"edge {row} has a missing or non-integer node id {value!r}",
                        "write one 'src dst' pair of integer node ids per line")
     edges = frame.to_numpy(dtype=np.int64)
