@@ -118,7 +118,7 @@ def build_configs(args: argparse.Namespace):
     sampler_config = SamplerConfig(fanouts=fanouts, gcn_norm=args.model == "gcn", self_loops=args.model != "sage")
     train_config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                weight_decay=args.weight_decay, patience=args.patience, eval_every=args.eval_every,
-                               seed=args.seed, device=args.device, num_workers=args.num_workers,
+                               seed=args.seed, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
                                checkpoint_every=args.checkpoint_every, resume=args.resume)
     cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy)

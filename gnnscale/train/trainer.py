@@ -75,8 +75,6 @@ class TrainConfig:
     """Destination nodes per block in layer-wise inference."""
     seed: int = 0
     """Seeds the weights, the batch order and every batch's sampling."""
-    device: str = "cpu"
-    """``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``)."""
     num_workers: int = 1
     """Loader threads that sample and gather ahead of training; 0 samples in the training thread.
     More than one needs a world of one (distributed sampling is a collective, made in batch order)."""
