@@ -144,6 +144,23 @@ def test_torchrun_without_partitions_partitions_first_like_the_cli(parts: Path, 
     same_run(metrics(tmp_path), reference)
 
 
+def test_several_loader_workers_need_a_world_of_one(parts: Path, tmp_path: Path) -> None:
+    done = run(standalone(parts, tmp_path, "--epochs", "1", "--num-workers", "2"))
+    assert done.returncode != 0
+    assert "--num-workers 2 needs a world of one" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_partitioning_failure_on_rank0_stops_the_job_with_its_reason(tmp_path: Path) -> None:
+    command = [TORCHRUN, "--standalone", "--nproc_per_node=2", TRAIN, "--dataset", "cora", "--data-dir",
+               str(tmp_path / "absent"), "--out", str(tmp_path / "run"), *TRAIN_ARGS]
+    done = run(command)
+    assert done.returncode != 0
+    # The first rank to exit with it ends the job: torchrun stops the other, so the line may appear once.
+    assert f"error: partitioning on rank 0 failed: {tmp_path / 'absent'}" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
 def wait_for(path: Path, procs: list[subprocess.Popen], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():

@@ -495,3 +495,8 @@ def test_a_swallowed_ctrl_c_still_stops_the_pass(graph):
     finally:
         signal.signal(signal.SIGINT, previous)
         interrupt._requested.clear()
+
+
+def test_num_batches_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_batches must be >= 1, got 0"):
+        LoaderConfig(num_batches=0)

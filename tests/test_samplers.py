@@ -164,3 +164,16 @@ def test_same_seed_gives_identical_blocks_in_separate_processes():
     for run in runs:
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout == runs[1].stdout
+
+
+def test_malformed_blocks_and_missing_degrees_are_errors():
+    from samplers.neighbor import make_block
+
+    with pytest.raises(ValueError, match="block indptr has 2 entries for 2 destinations"):
+        Block(indptr=torch.tensor([0, 1]), indices=torch.tensor([0]), src_ids=torch.tensor([0, 1]), num_dst=2)
+    with pytest.raises(ValueError, match="block has 3 destinations but only 2 sources"):
+        Block(indptr=torch.zeros(4, dtype=torch.int64), indices=torch.tensor([], dtype=torch.int64),
+              src_ids=torch.tensor([0, 1]), num_dst=3)
+    with pytest.raises(ValueError, match="gcn_norm needs the full-graph degrees"):
+        make_block(torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), SamplerConfig(fanouts=[1], gcn_norm=True),
+                   None)
