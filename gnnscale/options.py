@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,64 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 """Section title -> its shared options, in help order."""
 
+RANGES: dict[str, tuple[float, float | None, bool]] = {
+    **dict.fromkeys(("--epochs", "--batch-size", "--hidden", "--num-layers", "--heads", "--out-heads", "--eval-every",
+                     "--memory-dim", "--time-dim", "--embedding-dim", "--num-neighbors",
+                     "--eval-negatives", "--num-parts", "--num-nodes", "--feat-dim"), (1, None, True)),
+    **dict.fromkeys(("--dropout", "--input-dropout", "--attn-dropout", "--new-node-fraction"), (0, 1, True)),
+    **dict.fromkeys(("--weight-decay", "--patience", "--num-workers", "--checkpoint-every", "--cache-mb", "--split",
+                     "--staleness", "--halo-hops", "--seed", "--prefetch"), (0, None, True)),
+    **dict.fromkeys(("--lr", "--failure-timeout", "--avg-degree"), (0, None, False)),
+    "--num-classes": (2, None, True),
+}
+"""Valid values of numeric options, by name: ``(low, high, low_included)``; ``high`` is excluded, None = unbounded."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error as one line (the option, the problem, where to read more), status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a numeric option outside :data:`RANGES`, naming the flag, the valid range and its default.
+
+    Raises:
+        ValueError: the first option out of range (NaN included).
+    """
+    for name, action in _long_options(parser).items():
+        value = getattr(args, action.dest, None)
+        if name not in RANGES or value is None or isinstance(value, bool):
+            continue
+        low, high, closed = RANGES[name]
+        inside = (value >= low if closed else value > low) and (high is None or value < high)
+        if not inside or (isinstance(value, float) and math.isnan(value)):
+            valid = (">= " if closed else "> ") + str(low) + ("" if high is None else f" and < {high}")
+            example = f" (default {action.default})" if action.default is not None else ""
+            raise ValueError(f"{name} must be {valid}, got {value}{example}")
+
+
+def check_out(path: Path, flag: str = "--out") -> None:
+    """Refuse an output folder that is a file or cannot be created or written, before any work; creates nothing.
+
+    Raises:
+        ValueError: naming ``flag``, the path and what to do.
+    """
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is an existing file, not a folder; choose another {flag}")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path} cannot be created: {existing} is a file; choose another {flag}")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ValueError(f"{flag} {path} cannot be written: {existing}: {err.strerror}; choose a folder you can "
+                         f"write to") from None
+
+
 PER_MODEL = frozenset({"lr"})
 """Destinations whose default each command sets for its model (through ``add_section(..., lr=...)``)."""
 
@@ -103,6 +163,9 @@ def recipe_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
         table = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path} is not valid TOML: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise FileNotFoundError(f"--config {path}: cannot be read ({getattr(err, 'strerror', None) or err}); give "
+                                f"the path of a TOML recipe, e.g. recipes/cora-gcn.toml") from None
     actions = {name[2:]: action for name, action in _long_options(parser).items() if name != "--config"}
     argv = []
     for key, value in table.items():
@@ -166,16 +229,24 @@ def warn_no_effect(parser: argparse.ArgumentParser, args: argparse.Namespace, ru
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[[argparse.Namespace], Any],
                 rules: Iterable[NoEffect]) -> int:
-    """A training command's ``main``: parse (with ``--config``), warn on rank 0, ``run(args)``; the exit status.
+    """A training command's ``main``: parse (with ``--config``), check, warn on rank 0, ``run(args)``; the exit status.
 
-    User errors (``ValueError``, ``FileNotFoundError``) end as one ``error:`` line and status 2.
+    Options, their ranges and ``--out`` are checked before torch is imported, so a refusal takes
+    a fraction of a second.  User errors (``ValueError``, ``FileNotFoundError``) end as one
+    ``error:`` line and status 2.
     """
+    try:
+        args = parse_with_recipe(parser, argv)
+        check_ranges(parser, args)
+        check_out(args.out if args.out is not None else Path("runs"))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from gnnscale import interrupt
     from gnnscale.distributed.env import read_env, share_cores
     from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
 
     try:
-        args = parse_with_recipe(parser, argv)
         logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                             format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
         env = read_env()

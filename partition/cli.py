@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
+from gnnscale.options import Parser, check_out, check_ranges
 from partition.config import BALANCE_CONSTRAINTS, METHODS, PartitionConfig
 from partition.format import PartitionError
 from partition.partitioner import partition_graph
@@ -27,7 +28,7 @@ log = logging.getLogger("partition")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gnnscale-partition",
         description="Partition a graph for distributed training: METIS (multi-constraint) or random assignment, "
                     "contiguous relabelling, halo lists, per-partition memory-mappable arrays and a checksummed "
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_verify_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gnnscale-partition verify",
         description="Check a partition folder: checksums, id ranges, ownership, structure, halos; with --dataset "
                     "also that every edge, feature, label and mask equals the source's.  Exits 1 at the first "
@@ -81,14 +82,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def partition_main(argv: list[str], command: str) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _setup_output(args.quiet)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a killed run cleans up like Ctrl-C
     try:
+        check_ranges(parser, args)
         config = PartitionConfig(num_parts=args.num_parts, method=args.method, balance=args.balance,
                                  halo_hops=args.halo_hops, seed=args.seed, split=args.split,
                                  rebalance=not args.no_rebalance)
         check_output(args.out, args.force)  # before a load that may take minutes
+        check_out(args.out)
         monitor = StageMonitor(log.info)
         with monitor.stage("load"):
             dataset = dataset_from_args(args)

@@ -68,13 +68,14 @@ class Partition:
         return int(self.halo_ids.shape[0])
 
 
-def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = False) -> Partition:
-    """Open partition ``rank`` of the folder ``root``: its arrays memory-mapped, nothing else read.
+def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = False, check: bool = True) -> Partition:
+    """Open partition ``rank`` of the folder ``root``: its arrays memory-mapped.
 
     Checks the manifest (format, version, id ranges) and, for ``orig2new.npy`` and this
-    partition's files, existence, size, ``.npy`` header, dtype and shape; with
-    ``verify_checksums`` also their sha256 (which reads them whole; ``python -m partition
-    verify`` checks every file).
+    partition's files, existence, size, ``.npy`` header, dtype and shape; with ``check`` (the
+    default) also every invariant whose breach would crash or silently corrupt training
+    (:func:`check_partition`, one pass over this rank's files); with ``verify_checksums`` also
+    their sha256 (``python -m partition verify`` checks every file and every partition).
 
     Raises:
         FileNotFoundError: the folder, its manifest or one of the files is missing.
@@ -90,6 +91,8 @@ def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = Fals
                          f"launch {num_parts} processes, or re-partition with --num-parts equal to the world size")
     book = open_book(root, manifest, checksums=verify_checksums)
     arrays = open_part_arrays(root, manifest, int(rank), checksums=verify_checksums)
+    if check:
+        check_partition(root, manifest, int(rank), arrays, book.orig2new)
     return Partition(part=int(rank), book=book, num_classes=manifest["num_classes"], metric=manifest["metric"],
                      manifest=manifest, **arrays)
 
@@ -155,6 +158,60 @@ def open_part_arrays(root: Path, manifest: dict, part: int, *, checksums: bool) 
         dtype, shape = shapes[name]
         arrays[name] = open_array(root, rel, _record(manifest, rel, dtype, shape), checksum=checksums)
     return arrays
+
+
+def check_partition(root: Path, manifest: dict, part: int, arrays: dict[str, np.ndarray],
+                    orig2new: np.ndarray) -> None:
+    """Check partition ``part``'s arrays against each other and the manifest, in one pass over them.
+
+    CSC offsets rise from 0 to the edge count; source, halo and original ids lie in ``[0, N)``;
+    labels in ``[0, num_classes)``; ``orig2new`` maps the owned original ids onto the partition's
+    range in order.  A folder can pass its checksums and still break these (written by a bug, an
+    external tool or a hand edit); training would then crash deep inside or quietly learn garbage.
+
+    Raises:
+        PartitionError: the first broken invariant, naming the file, the position and the fix.
+    """
+    num_nodes, num_classes = manifest["num_nodes"], manifest["num_classes"]
+    start = int(manifest["node_ranges"][part][0])
+
+    def refuse(name: str, position: int, problem: str) -> None:
+        raise PartitionError(f"{root / part_file(part, name)}: position {position} {problem}; the folder is "
+                             f"inconsistent even where its checksums match: re-create it with python -m partition "
+                             f"... --force (python -m partition verify {root} checks the whole folder)")
+
+    indptr = np.asarray(arrays["indptr"])
+    steps = np.flatnonzero(np.diff(indptr) < 0)
+    if indptr[0] != 0 or steps.size or indptr[-1] != arrays["indices"].shape[0]:
+        position = 0 if indptr[0] != 0 else int(steps[0]) + 1 if steps.size else indptr.shape[0] - 1
+        refuse("indptr", position, f"holds {int(indptr[position])}: CSC offsets must rise from 0 to "
+                                   f"{arrays['indices'].shape[0]} (the stored in-edges) without decreasing")
+    for name, high in (("indices", num_nodes), ("halo_ids", num_nodes), ("orig_ids", num_nodes),
+                       ("labels", num_classes)):
+        position = first_outside(arrays[name], 0, high)
+        if position is not None:
+            refuse(name, position, f"holds {arrays[name][position]}, outside [0, {high})")
+    orig = arrays["orig_ids"]
+    for lo in range(0, orig.shape[0], _CHECK_CHUNK):
+        mapped = np.asarray(orig2new[np.asarray(orig[lo:lo + _CHECK_CHUNK])])
+        wrong = np.flatnonzero(mapped != np.arange(start + lo, start + lo + mapped.shape[0]))
+        if wrong.size:
+            at = lo + int(wrong[0])
+            refuse("orig_ids", at, f"is original node {int(orig[at])}, which {ORIG2NEW} maps to {int(mapped[wrong[0]])}"
+                                   f" instead of {start + at}: the two id maps do not invert each other")
+
+
+_CHECK_CHUNK = 1 << 22
+"""Elements per chunk of the checks: bounds their memory for any partition size."""
+
+
+def first_outside(array: np.ndarray, low: int, high: int) -> int | None:
+    """Position of the first element of ``array`` outside ``[low, high)``, or None; reads it in chunks."""
+    for lo in range(0, array.shape[0], _CHECK_CHUNK):
+        chunk = np.asarray(array[lo:lo + _CHECK_CHUNK])
+        if chunk.size and (chunk.min() < low or chunk.max() >= high):
+            return lo + int(np.flatnonzero((chunk < low) | (chunk >= high))[0])
+    return None
 
 
 def _record(manifest: dict, rel: str, dtype: str, shape: list[int]) -> dict:

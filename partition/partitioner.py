@@ -68,7 +68,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
                                   assign_info.get("metis_cut_undirected_edges"))
         manifest = build_manifest(dataset, config, book, part_stats, files, quality, assign_info,
                                   monitor.summary(), command)
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
     return manifest
 
 

@@ -1,9 +1,10 @@
 """``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
 
 The checks, in order (docs/partitioning.md): the manifest; every file listed, present,
-of its recorded size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; ownership
-(``orig2new`` and every ``orig_ids`` invert each other); CSC structure, source ids, edge count,
-labels and the H-hop halos recomputed from the partitions' own edges; with a dataset, the same
+of its recorded size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; each
+partition's invariants as ``load_partition`` checks them (CSC offsets, id and label ranges,
+``orig2new`` and ``orig_ids`` inverting each other); the edge count and the H-hop halos
+recomputed from the partitions' own edges; with a dataset, the same
 in-edges (as multisets, in original ids), features, labels and masks.  Each failure raises
 :class:`PartitionError` naming the file and the problem.
 """
@@ -18,7 +19,7 @@ import numpy as np
 from gnnscale.data.dataset import GraphDataset
 from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, check_file, part_file, read_manifest
 from partition.halo import expand_halo
-from partition.load import node_offsets, open_book, open_part_arrays
+from partition.load import check_partition, node_offsets, open_book, open_part_arrays
 from partition.segments import gather_segments, node_chunks
 
 _ROW_CHUNK_BYTES = 64 << 20
@@ -64,7 +65,10 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
     parts = [open_part_arrays(root, manifest, p, checksums=False) for p in range(num_parts)]
     passed("arrays: every .npy header matches the manifest's dtype and shape")
 
-    new2orig = _check_ownership(book.orig2new, parts, offsets)
+    for p in range(num_parts):
+        check_partition(root, manifest, p, parts[p], book.orig2new)
+    # orig2new is a function, so ranks whose orig_ids it maps onto their disjoint ranges own distinct nodes.
+    new2orig = np.concatenate([np.asarray(arrays["orig_ids"]) for arrays in parts])
     passed("ownership: every original node is owned exactly once; orig2new and orig_ids invert each other")
 
     _check_structure(manifest, parts, offsets)
@@ -79,27 +83,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
             "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
 
 
-def _check_ownership(orig2new: np.ndarray, parts: list[dict], offsets: np.ndarray) -> np.ndarray:
-    """Check that ``orig2new`` maps each partition's ``orig_ids`` onto its range; return new2orig, int64 [N]."""
-    num_nodes = int(offsets[-1])
-    new2orig = np.empty(num_nodes, dtype=np.int64)
-    for p, arrays in enumerate(parts):
-        orig = np.asarray(arrays["orig_ids"])
-        if orig.size and (orig.min() < 0 or orig.max() >= num_nodes):
-            raise PartitionError(f"{part_file(p, 'orig_ids')}: original ids outside [0, {num_nodes})")
-        expected = np.arange(offsets[p], offsets[p + 1], dtype=np.int64)
-        mapped = np.asarray(orig2new[orig])
-        if not np.array_equal(mapped, expected):
-            local = int(np.flatnonzero(mapped != expected)[0])
-            raise PartitionError(f"{part_file(p, 'orig_ids')} and {ORIG2NEW} disagree: local node {local} is "
-                                 f"original node {int(orig[local])}, whose new id is {int(mapped[local])}, not "
-                                 f"{int(expected[local])}; a node is owned twice or the id maps are corrupted")
-        new2orig[offsets[p]:offsets[p + 1]] = orig
-    return new2orig
-
-
 def _check_structure(manifest: dict, parts: list[dict], offsets: np.ndarray) -> None:
-    num_nodes, num_classes, hops = manifest["num_nodes"], manifest["num_classes"], manifest["halo_hops"]
+    num_nodes, hops = manifest["num_nodes"], manifest["halo_hops"]
 
     def in_neighbors(new_ids: np.ndarray) -> np.ndarray:
         owners = np.searchsorted(offsets, new_ids, side="right") - 1
@@ -111,19 +96,11 @@ def _check_structure(manifest: dict, parts: list[dict], offsets: np.ndarray) -> 
     for p, arrays in enumerate(parts):
         start, end = int(offsets[p]), int(offsets[p + 1])
         indptr, indices = np.asarray(arrays["indptr"]), arrays["indices"]
-        if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(indptr[1:] < indptr[:-1]):
-            raise PartitionError(f"{part_file(p, 'indptr')}: offsets must rise from 0 to {indices.shape[0]} "
-                                 f"(the number of stored in-edges) without decreasing")
         outside = []
         for lo, hi in node_chunks(indptr):
             sources = np.asarray(indices[indptr[lo]:indptr[hi]])
-            if sources.size and (sources.min() < 0 or sources.max() >= num_nodes):
-                raise PartitionError(f"{part_file(p, 'indices')}: source ids outside [0, {num_nodes})")
             outside.append(np.unique(sources[(sources < start) | (sources >= end)]))
         total += indices.shape[0]
-        labels = np.asarray(arrays["labels"])
-        if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-            raise PartitionError(f"{part_file(p, 'labels')}: labels outside [0, {num_classes})")
         halo = np.asarray(arrays["halo_ids"])
         first_hop = np.unique(np.concatenate(outside)) if outside else np.zeros(0, dtype=np.int64)
         expected = np.zeros(0, dtype=np.int64) if hops == 0 else \

@@ -46,10 +46,11 @@ def load_heterophilous(data_dir: str | Path, *, name: str) -> GraphDataset:
     source = str(path)
     arrays = _read_npz(path)
 
-    labels = arrays["node_labels"]
-    num_nodes = int(labels.shape[0]) if labels.ndim >= 1 else 0
+    labels, features = arrays["node_labels"], arrays["node_features"]
+    # The feature table fixes the node count, so a short label array is blamed, not the features.
+    num_nodes = int(features.shape[0]) if features.ndim == 2 else int(labels.shape[0]) if labels.ndim >= 1 else 0
     labels, num_classes = check_labels(labels, num_nodes, source)
-    features = check_features(arrays["node_features"], num_nodes, source)
+    features = check_features(features, num_nodes, source)
     edges = arrays["edges"]
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise fail(source, "edges", f"expected shape [num_edges, 2], got {list(edges.shape)}",

@@ -321,7 +321,7 @@ def chronological_split(events: TemporalEvents, val_fraction: float = 0.15, test
     Deterministic for a given ``seed``.
 
     Raises:
-        ValueError: a fraction is out of range, or the stream is empty.
+        ValueError: a fraction is out of range, or the stream is too short for a non-empty part each.
     """
     if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
         raise ValueError(f"val_fraction={val_fraction} and test_fraction={test_fraction}: expected both >= 0 "
@@ -350,6 +350,12 @@ def chronological_split(events: TemporalEvents, val_fraction: float = 0.15, test
     unseen = ~in_train[src] | ~in_train[dst]
     val = later & (t <= test_time)
     test = t > test_time
+    empty = [name for name, mask in (("training", train), ("validation", val), ("test", test)) if not mask.any()]
+    if empty:
+        raise ValueError(f"{events.name} has {events.num_events} event(s) at {np.unique(t).shape[0]} distinct "
+                         f"time(s): too few for a chronological {1 - val_fraction - test_fraction:.0%}/"
+                         f"{val_fraction:.0%}/{test_fraction:.0%} split, the {empty[0]} part is empty; give a longer "
+                         f"stream")
     return TemporalSplit(train=train, val=val, test=test, val_new_node=val & unseen, test_new_node=test & unseen,
                          new_nodes=new_nodes, val_time=val_time, test_time=test_time)
 

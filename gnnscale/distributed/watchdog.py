@@ -353,9 +353,11 @@ class Watchdog:
                 return
             self.failure, self.failed_ranks = message, ranks
             main_thread_reports = self._num_diagnosing > 0
-        self._write(message)
+        exits = self.config.exit_on_failure and not main_thread_reports
+        if exits:  # otherwise the main thread raises PeerFailure with the message: one line, not two
+            self._write(message)
         self._failed.set()
-        if self.config.exit_on_failure and not main_thread_reports:
+        if exits:
             # Flushing may block on a stream lock the stuck main thread holds: bound it.
             _run_bounded(lambda: [stream.flush() for stream in (sys.stdout, sys.stderr)], 1.0)
             os._exit(EXIT_PEER_FAILURE)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gnnscale.options import NoEffect, add_section, run_command
+from gnnscale.options import NoEffect, Parser, add_section, run_command
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -23,7 +23,7 @@ DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz")
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: the sections of :mod:`gnnscale.options` plus TGN's own options."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gnnscale-train-temporal",
         description="Temporal link prediction with TGN (memory + temporal attention) on a chronological "
                     "70/15/15 split with TGN's inductive protocol; writes metrics.json with val/test AP and MRR, "
@@ -89,12 +89,6 @@ def run(args: argparse.Namespace) -> dict:
     from gnnscale.data.temporal import chronological_split, load_temporal
     from gnnscale.distributed.env import read_env
 
-    if not 0.0 <= args.new_node_fraction < 1.0:
-        raise ValueError(f"--new-node-fraction must be in [0, 1), got {args.new_node_fraction}")
-    if args.staleness < 0:
-        raise ValueError(f"--staleness must be >= 0 global steps, got {args.staleness}")
-    if args.failure_timeout <= 0:
-        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
     env = read_env()
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
-from gnnscale.options import NoEffect, add_section, run_command
+from gnnscale.options import NoEffect, Parser, add_section, run_command
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -28,7 +30,7 @@ def fanout_list(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: the sections of :mod:`gnnscale.options` plus the GNN's own options."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gnnscale-train",
         description="Mini-batch node classification with sampled neighbourhoods on 1..N ranks; evaluates "
                     "layer-wise over all neighbours and keeps the epoch with the best validation score.",
@@ -94,11 +96,33 @@ NO_EFFECT = (
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
 
 
+def strict_json(payload: dict) -> str:
+    """``payload`` as JSON that strict parsers accept: a NaN or infinite number becomes null, and its place is
+    listed under ``"not_computed"`` with the reason."""
+    absent: dict[str, str] = {}
+
+    def finite(value: Any, where: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            absent[where] = (f"{value}: not a number; the metric is undefined on these nodes or events (e.g. "
+                             f"ROC-AUC over one class), or training diverged")
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item, f"{where}.{key}".lstrip(".")) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return value
+
+    clean = finite(payload, "")
+    if absent:
+        clean["not_computed"] = absent
+    return json.dumps(clean, indent=2, default=str, allow_nan=False) + "\n"
+
+
 def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` so that ``path`` is either absent or complete, never half-written."""
+    """Write ``payload`` (see :func:`strict_json`) so that ``path`` is either absent or complete, never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.write_text(strict_json(payload))
     os.replace(tmp, path)
 
 
@@ -142,8 +166,6 @@ def run(args: argparse.Namespace) -> dict:
     from gnnscale.distributed.job import joined_job
     from gnnscale.train.trainer import Trainer
 
-    if args.failure_timeout <= 0:
-        raise ValueError(f"--failure-timeout must be > 0 seconds, got {args.failure_timeout}")
     env = read_env()
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)

@@ -168,6 +168,7 @@ class Trainer:
         self.out, self.metric, self.show_progress = out, part.metric, show_progress and self.rank == 0
         self.start, self.end = part.node_range
         self.exchanger = Exchanger(runtime.sample_group, self.rank, self.world_size)
+        self.split = split
         self._load_shard(split)
         self._plan_steps()
         self._build_stores(sampler_config, cache_config or CacheConfig())
@@ -251,6 +252,11 @@ class Trainer:
     def _plan_steps(self) -> None:
         """Every rank takes the same number of steps; ``step_seeds[i]`` is step ``i``'s seeds over all ranks."""
         self.train_counts = self.exchanger.all_gather_counts(self.train_ids.numel())
+        for name, ids in (("training", self.train_ids), ("validation", self.val_ids), ("test", self.test_ids)):
+            if sum(self.train_counts if name == "training" else self.exchanger.all_gather_counts(ids.numel())) == 0:
+                raise ValueError(f"split {self.split} has no {name} nodes, so there is nothing to "
+                                 f"{'train on' if name == 'training' else 'score'}; choose another --split, or give "
+                                 f"the dataset a non-empty {name} mask")
         steps = self._num_batches()
         short = [r for r, n in enumerate(self.train_counts) if steps is not None and n < steps]
         if short:
