@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gnnscale.distributed.watchdog import (DONE_OFFSET, EXIT_PEER_FAILURE, HeartbeatTracker, PeerFailure, Watchdog,
-                                           WatchdogConfig, is_communication_error)
+from gnnscale.distributed.watchdog import (DONE_OFFSET, EXIT_PEER_FAILURE, FAILED_OFFSET, HeartbeatTracker,
+                                           PeerFailure, Watchdog, WatchdogConfig, is_communication_error)
 
 TIMEOUT = 3.0
 INTERVAL = 0.2
@@ -251,7 +251,7 @@ def test_guard_reraises_when_every_peer_answers() -> None:
         assert watchdog.failure is None
 
 
-def test_only_a_clean_exit_marks_the_rank_done() -> None:
+def test_only_a_clean_exit_marks_the_rank_done_and_an_error_marks_it_failed() -> None:
     port = free_port()
     store = master_store(port)
     kwargs = dict(world_size=1, timeout=1.0, interval=0.1)
@@ -259,10 +259,25 @@ def test_only_a_clean_exit_marks_the_rank_done() -> None:
         with Watchdog.connect("127.0.0.1", port, rank=0, prefix="failing", **kwargs):
             time.sleep(0.3)  # let it heartbeat
             raise KeyError("boom")
-    assert 0 < store.add("failing/hb/0", 0) < DONE_OFFSET
+    assert store.add("failing/hb/0", 0) > FAILED_OFFSET
     with Watchdog.connect("127.0.0.1", port, rank=0, prefix="clean/", **kwargs):
         time.sleep(0.3)
     assert store.add("clean/hb/0", 0) > DONE_OFFSET
+
+
+def test_a_rank_leaving_with_an_error_stops_its_peers_at_once_naming_it() -> None:
+    port = free_port()
+    _store = master_store(port)
+    kwargs = dict(world_size=2, timeout=30.0, interval=0.1, exit_on_failure=False, prefix="abort")
+    with Watchdog.connect("127.0.0.1", port, rank=0, **kwargs) as peer:
+        failing = Watchdog.connect("127.0.0.1", port, rank=1, **kwargs).start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        failing.abort()  # what joined_job does when its block raises
+        assert peer.diagnose(wait=5.0) == ("gnnscale: rank 1 of 2 stopped with an error (its own line above says "
+                                           "why); stopping rank 0")
+        assert time.monotonic() - started < 2.0, "an aborted peer is named at once, not after the 30 s timeout"
+        assert peer.failed_ranks == (1,)
 
 
 # ---------------------------------------------------------------------- real processes

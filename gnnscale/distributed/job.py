@@ -30,6 +30,6 @@ def joined_job(env: DistEnv, device: str, failure_timeout: float) -> Iterator[Ru
             runtime.barrier()
         finished = True
     finally:
-        if watchdog is not None:
-            watchdog.stop()
+        if watchdog is not None:  # a rank leaving with an error says so: its peers stop at once, naming it
+            watchdog.stop() if finished else watchdog.abort()
         runtime.close(timeout=30.0 if finished else 0.0)

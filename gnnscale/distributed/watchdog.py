@@ -36,6 +36,8 @@ EXIT_PEER_FAILURE = 3
 
 DONE_OFFSET = 1 << 40
 """Added to a rank's heartbeat counter by :meth:`Watchdog.stop`: one read tells "alive" and "finished"."""
+FAILED_OFFSET = 1 << 41
+"""Added instead by :meth:`Watchdog.abort` (a rank leaving with an error): its peers stop at once, naming it."""
 
 # Substrings of transport failures raised as a plain RuntimeError (gloo in torch 2.2 does not
 # use DistBackendError): only these are worth waiting for a diagnosis.
@@ -91,6 +93,7 @@ class HeartbeatTracker:
     _value: dict[int, int] = field(default_factory=dict)
     _changed: dict[int, float] = field(default_factory=dict)
     _done: set[int] = field(default_factory=set)
+    _errored: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._value = {rank: 0 for rank in self.peers}
@@ -98,7 +101,9 @@ class HeartbeatTracker:
 
     def observe(self, rank: int, counter: int, now: float) -> None:
         """Record ``rank``'s counter as read at ``now`` (take ``now`` after the read returned)."""
-        if counter >= DONE_OFFSET:
+        if counter >= FAILED_OFFSET:
+            self._errored.add(rank)
+        elif counter >= DONE_OFFSET:
             self._done.add(rank)
         if counter != self._value[rank]:
             self._value[rank] = counter
@@ -112,6 +117,10 @@ class HeartbeatTracker:
         """
         return [rank for rank in self.peers
                 if rank not in self._done and now - self._changed[rank] >= self.timeout]
+
+    def errored(self) -> list[int]:
+        """Peers that left with an error (:meth:`Watchdog.abort`)."""
+        return sorted(self._errored)
 
     def silence(self, rank: int, now: float) -> float:
         """Seconds since ``rank``'s counter last changed (or since watching began)."""
@@ -175,7 +184,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._failed = threading.Event()
         self._stopping = threading.Event()
-        self._mark_done = False
+        self._mark: int | None = None  # what the pulse thread adds to this rank's counter as it stops
         self._op_started: float | None = None  # monotonic start of the store op in flight
         self._num_diagnosing = 0  # main threads inside diagnose(): they report, so do not _exit under them
         self._tracker: HeartbeatTracker | None = None
@@ -206,19 +215,23 @@ class Watchdog:
             thread.start()
         # A daemon thread still inside a store op when the interpreter finalises aborts the process
         # ("terminate called without an active exception"): quiesce first if the caller never stops us.
-        atexit.register(self._halt, False)
+        atexit.register(self._halt, None)
         return self
 
     def stop(self) -> None:
         """Mark this rank as finished cleanly (peers never flag it) and stop the threads."""
-        self._halt(True)
+        self._halt(DONE_OFFSET)
 
-    def _halt(self, mark_done: bool) -> None:
+    def abort(self) -> None:
+        """Mark this rank as leaving with an error (peers stop at once, naming it) and stop the threads."""
+        self._halt(FAILED_OFFSET)
+
+    def _halt(self, mark: int | None) -> None:
         if self._stopped:
             return
         self._stopped = True
         atexit.unregister(self._halt)
-        self._mark_done = mark_done
+        self._mark = mark
         self._stopping.set()
         if self._threads:
             # The pulse thread writes the done mark itself, so no two store ops ever overlap.
@@ -227,15 +240,15 @@ class Watchdog:
             if pulse.is_alive():
                 self._write(f"gnnscale: rank {self.rank}: the watchdog could not reach the store within "
                             f"{self.config.timeout:g} s while stopping; peers may report this rank as failed")
-        elif mark_done:
-            _run_bounded(lambda: self.store.add(f"hb/{self.rank}", DONE_OFFSET), self.config.timeout)
+        elif mark is not None:
+            _run_bounded(lambda: self.store.add(f"hb/{self.rank}", mark), self.config.timeout)
 
     def __enter__(self) -> "Watchdog":
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        # A rank leaving with an exception has not finished cleanly: let its peers notice.
-        self._halt(exc_type is None)
+        # A rank leaving with an exception has not finished cleanly: its peers stop at once, naming it.
+        self._halt(DONE_OFFSET if exc_type is None else FAILED_OFFSET)
 
     # ------------------------------------------------------------------ main-thread API
     def check(self) -> None:
@@ -302,13 +315,16 @@ class Watchdog:
                     with self._lock:
                         tracker.observe(rank, counter, time.monotonic())
                 with self._lock:
-                    stale = tracker.stale(round_started)
+                    stale, errored = tracker.stale(round_started), tracker.errored()
+                if errored:
+                    self._fail(self._errored_message(errored), tuple(errored))
+                    return
                 if stale:
                     self._fail(self._peer_message(stale, tracker, round_started), tuple(stale))
                     return
                 self._stopping.wait(self.config.interval)
-            if self._mark_done:
-                self._op(f"hb/{self.rank}", DONE_OFFSET)
+            if self._mark is not None:
+                self._op(f"hb/{self.rank}", self._mark)
         except Exception as error:  # any store error: the connection is gone for good (no reconnect)
             with self._lock:
                 self._op_started = None
@@ -339,6 +355,11 @@ class Watchdog:
                    f"ranks {', '.join(map(str, stale))} of {self.world_size} have")
         note = f" (never heard from: {', '.join(map(str, never))})" if never else ""
         return (f"gnnscale: {subject} not answered for {silence:.0f} s (killed, crashed or hung){note}; "
+                f"stopping rank {self.rank}")
+
+    def _errored_message(self, errored: list[int]) -> str:
+        subject = f"rank {errored[0]}" if len(errored) == 1 else f"ranks {', '.join(map(str, errored))}"
+        return (f"gnnscale: {subject} of {self.world_size} stopped with an error (its own line above says why); "
                 f"stopping rank {self.rank}")
 
     def _store_message(self, what: str) -> str:
