@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from distdgl_baseline import generate_graph, run_distdgl  # noqa: E402
+from gnnscale.train.cli import strict_json  # noqa: E402
 
 TARGET_RATIO = 0.5
 MODEL_ARGS = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--batch-size", "1000",
@@ -153,7 +154,7 @@ def main() -> None:
                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                "command": " ".join(sys.argv)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    args.out.write_text(strict_json(summary))
     print(f"wrote {args.out}")
 
 

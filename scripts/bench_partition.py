@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gnnscale.train.cli import strict_json
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"wall_seconds": 0.5, "peak_rss_gib": 0.5, "edge_cut": 1.0}
 
@@ -102,7 +104,7 @@ def generate(args: argparse.Namespace) -> None:
         for name in ("train", "val", "test"):
             graph.ndata[f"{name}_mask"] = torch.from_numpy(getattr(ds, f"{name}_masks")[0])
         dgl.save_graphs(str(args.data / "graph.bin"), [graph])
-    (args.data / "graph.json").write_text(json.dumps(facts))
+    (args.data / "graph.json").write_text(json.dumps(facts, allow_nan=False))
 
 
 def dgl_side(args: argparse.Namespace) -> None:
@@ -264,7 +266,7 @@ def main() -> None:
                               "loadavg_end": os.getloadavg()},
               "summary": summary, "runs": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.write_text(strict_json(report))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 
 from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+from gnnscale.train.cli import strict_json
 
 
 def main() -> None:
@@ -65,7 +66,7 @@ def main() -> None:
             print(f"{key:<{width}}  {value:,}" if isinstance(value, int) else f"{key:<{width}}  {value}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(strict_json(result))
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gnnscale.train.cli import strict_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               "ranks": args.ranks, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "runs": [{k: v for k, v in row.items() if k != "args"} for row in rows]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    args.out.write_text(strict_json(result))
     print(table(rows))
     print(f"-> {args.out}")
     return 0

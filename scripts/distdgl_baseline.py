@@ -89,6 +89,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gnnscale.train.cli import strict_json
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
 
@@ -420,7 +422,7 @@ def run_distdgl(graph_bin: Path, workdir: Path, *, epochs: int, num_trainers: in
     config = {"part_config": str(part_config), "ip_config": str(ip_config), "epochs": epochs,
               "eval_mode": eval_mode, "seed": seed, "result": str(result_path), "meta": meta}
     config_path = workdir / "run_config.json"
-    config_path.write_text(json.dumps(config, indent=2))
+    config_path.write_text(json.dumps(config, indent=2, allow_nan=False))
     dgl_env = {"DGL_NUM_SERVER": "1", "DGL_NUM_CLIENT": str(num_trainers), "DGL_IP_CONFIG": str(ip_config),
                "DGL_CONF_PATH": str(part_config), "DGL_GRAPH_FORMAT": "csc"}
 
@@ -526,7 +528,7 @@ def partition_child(args: argparse.Namespace) -> None:
                                     balance_ntypes=graph.ndata["train_mask"], balance_edges=True)
     meta["partition_graph_seconds"] = round(time.perf_counter() - start, 3)
     meta["versions"] = {"dgl": dgl.__version__, "torch": torch.__version__}
-    (args.part_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+    (args.part_dir / "meta.json").write_text(json.dumps(meta, indent=2, allow_nan=False))
 
 
 def server_child(args: argparse.Namespace) -> None:
@@ -692,7 +694,7 @@ def trainer_child(args: argparse.Namespace) -> None:
                                "eval_batch_size": EVAL_BATCH_SIZE, "seed": config["seed"]},
                   "graph": meta}
         tmp = Path(config["result"] + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
+        tmp.write_text(strict_json(result))
         tmp.replace(config["result"])  # atomic: the driver never reads half a file
     dist.barrier()
     dist.destroy_process_group()
@@ -760,11 +762,11 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="distdgl_") as tmp:
             result = _standalone(args, Path(tmp))
-    text = json.dumps(result, indent=2)
+    text = strict_json(result)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+        args.out.write_text(text)
+    print(text, end="")
 
 
 if __name__ == "__main__":

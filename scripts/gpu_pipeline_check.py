@@ -78,6 +78,7 @@ from gnnscale.batch import MiniBatch  # noqa: E402
 from gnnscale.nn import GNN, ModelConfig  # noqa: E402
 from gnnscale.pipeline import LoadedBatch, LoaderConfig, PrefetchLoader, batch_rng, keep_freed_memory  # noqa: E402
 from gnnscale.pipeline.device import DeviceBatch, DeviceFeeder  # noqa: E402
+from gnnscale.train.cli import strict_json  # noqa: E402
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -151,7 +152,7 @@ def cmd_save(args: argparse.Namespace) -> dict:
         "created_with": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
                          "cpu_count": os.cpu_count(), "generate_seconds": generated},
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     log(f"sampled {args.num_batches} batches in {sum(sample_seconds):.1f} s "
         f"(median {statistics.median(input_nodes):,.0f} input nodes, {statistics.median(edges):,.0f} edges); "
@@ -469,7 +470,7 @@ def cmd_check(args: argparse.Namespace) -> dict:
     }
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.out.write_text(strict_json(report))
     log(f"wrote {args.out}")
     return report
 
