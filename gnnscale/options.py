@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import tempfile
 import tomllib
@@ -120,8 +121,8 @@ def check_out(path: Path, flag: str = "--out") -> None:
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as err:
-        raise ValueError(f"{flag} {path} cannot be written: {existing}: {err.strerror}; choose a folder you can "
-                         f"write to") from None
+        raise ValueError(f"{flag} {path} cannot be written: creating a file in {existing} failed ({err.strerror}); "
+                         f"choose a folder you can write to") from None
 
 
 PER_MODEL = frozenset({"lr"})
@@ -162,7 +163,8 @@ def recipe_argv(path: Path, parser: argparse.ArgumentParser) -> list[str]:
     try:
         table = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path} is not valid TOML: {err}") from None
+        raise ValueError(f"{path} is not valid TOML: {err}; write one 'key = value' per line, strings in quotes "
+                         f"(see recipes/)") from None
     except (OSError, UnicodeDecodeError) as err:
         raise FileNotFoundError(f"--config {path}: cannot be read ({getattr(err, 'strerror', None) or err}); give "
                                 f"the path of a TOML recipe, e.g. recipes/cora-gcn.toml") from None
@@ -240,7 +242,8 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         check_ranges(parser, args)
         check_out(args.out if args.out is not None else Path("runs"))
     except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank of a host finds the same: one line per host
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     from gnnscale import interrupt
     from gnnscale.distributed.env import read_env, share_cores

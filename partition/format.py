@@ -28,7 +28,7 @@ PART_ARRAYS = ("indptr", "indices", "halo_ids", "orig_ids", "features", "labels"
 """The arrays of one partition, each in ``part<p>/<name>.npy``."""
 REQUIRED_KEYS = ("format", "format_version", "num_nodes", "num_edges", "num_parts", "node_ranges", "num_classes",
                  "metric", "num_splits", "halo_hops", "node_data", "parts", "files")
-_REPAIR = "re-create the folder with python -m partition ... --force"
+REPAIR = "re-create the folder with python -m partition ... --force"
 _HASH_BLOCK = 8 << 20
 # Bytes per write handed to the writer thread, and how many may wait: bounds the memory
 # held by queued chunks to about 128 MiB.
@@ -58,24 +58,24 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{root}: partition folder not found; pass the --out folder of python -m partition")
     path = root / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: manifest not found; {root} is not a complete partition folder: {_REPAIR}")
+        raise FileNotFoundError(f"{path}: manifest not found; {root} is not a complete partition folder: {REPAIR}")
     try:
         manifest = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise PartitionError(f"{path}: not valid JSON ({err}); {_REPAIR}") from None
+        raise PartitionError(f"{path}: not valid JSON ({err}); {REPAIR}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise PartitionError(f"{path}: format is {found!r}, expected {FORMAT_NAME!r}; "
                                    f"this is not a gnnscale partition folder")
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise PartitionError(f"{path}: format_version {version!r} is not a positive integer; {_REPAIR}")
+        raise PartitionError(f"{path}: format_version {version!r} is not a positive integer; {REPAIR}")
     if version > FORMAT_VERSION:
         raise PartitionError(f"{path}: format version {version} is newer than this gnnscale reads "
                                    f"(up to {FORMAT_VERSION}); upgrade gnnscale, or re-partition with this version")
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
-        raise PartitionError(f"{path}: missing key {missing[0]!r}; {_REPAIR}")
+        raise PartitionError(f"{path}: missing key {missing[0]!r}; {REPAIR}")
     return manifest
 
 
@@ -88,17 +88,17 @@ def check_file(root: Path, rel: str, record: dict[str, Any], *, checksum: bool) 
     """
     path = root / rel
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: partition file not found (manifest.json lists it); {_REPAIR}")
+        raise FileNotFoundError(f"{path}: partition file not found (manifest.json lists it); {REPAIR}")
     size = path.stat().st_size
     if size != record["bytes"]:
         raise PartitionError(f"{path}: {size} bytes, but manifest.json records {record['bytes']} "
-                                   f"(truncated or replaced); {_REPAIR}")
+                                   f"(truncated or replaced); {REPAIR}")
     if checksum:
         digest = sha256_file(path)
         if digest != record["sha256"]:
             raise PartitionError(f"{path}: sha256 {digest[:16]}... differs from manifest.json's "
                                        f"{str(record['sha256'])[:16]}... (the file was modified or corrupted); "
-                                       f"{_REPAIR}")
+                                       f"{REPAIR}")
     return path
 
 
@@ -112,10 +112,10 @@ def open_array(root: Path, rel: str, record: dict[str, Any], *, checksum: bool =
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
-        raise PartitionError(f"{path}: not a readable .npy array ({err}); {_REPAIR}") from None
+        raise PartitionError(f"{path}: not a readable .npy array ({err}); {REPAIR}") from None
     if str(array.dtype) != record["dtype"] or list(array.shape) != list(record["shape"]):
         raise PartitionError(f"{path}: holds {array.dtype} {list(array.shape)}, manifest.json records "
-                                   f"{record['dtype']} {list(record['shape'])}; {_REPAIR}")
+                                   f"{record['dtype']} {list(record['shape'])}; {REPAIR}")
     return array
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
-from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, check_file, part_file, read_manifest
+from partition.format import ORIG2NEW, PART_ARRAYS, REPAIR, PartitionError, check_file, part_file, read_manifest
 from partition.halo import expand_halo
 from partition.load import check_partition, node_offsets, open_book, open_part_arrays
 from partition.segments import gather_segments, node_chunks
@@ -55,7 +55,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
     needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in PART_ARRAYS]
     for rel in needed:
         if rel not in manifest["files"]:
-            raise PartitionError(f"manifest.json does not list {rel}, which the format requires")
+            raise PartitionError(f"{root / 'manifest.json'}: does not list {rel}, which a folder of {num_parts} "
+                                 f"partition(s) holds; {REPAIR}")
         check_file(root, rel, manifest["files"][rel], checksum=checksums)
     passed(f"files: {len(needed)} present with the recorded sizes" + (" and sha256" if checksums else ""))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -12,6 +13,14 @@ import pytest
 
 # ../shared/datasets relative to the repository root (tests/ is one level below it).
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def read_strict_json(path: Path) -> dict:
+    """Parse a JSON file we wrote as a strict parser would: NaN, Infinity and -Infinity are refused."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
 
 
 def shared_dataset_dir(name: str) -> Path:

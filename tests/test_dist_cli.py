@@ -10,9 +10,9 @@ from gnnscale.train.cli import main
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--failure-timeout", "0"], "--failure-timeout must be > 0 seconds, got 0.0"),
-    (["--cache-mb", "-1"], "--cache-mb must be >= 0, got -1.0"),
-    (["--prefetch", "-2"], "--prefetch must be >= 0, got -2"),
+    (["--failure-timeout", "0"], "--failure-timeout must be > 0, got 0.0 (default 120.0)"),
+    (["--cache-mb", "-1"], "--cache-mb must be >= 0, got -1.0 (default 64.0)"),
+    (["--prefetch", "-2"], "--prefetch must be >= 0, got -2 (default 2)"),
 ])
 def test_bad_distributed_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                      extra: list[str], message: str) -> None:

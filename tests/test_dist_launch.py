@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import read_strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "scripts" / "train_node_classification.py")
@@ -63,7 +64,7 @@ def standalone(parts: Path, out: Path, *extra: str, nproc: int = 2, launcher: tu
 
 
 def metrics(out: Path) -> dict:
-    return json.loads((out / "metrics.json").read_text())
+    return read_strict_json(out / "metrics.json")
 
 
 def same_run(a: dict, b: dict) -> None:

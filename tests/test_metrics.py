@@ -63,3 +63,15 @@ def test_mean_reciprocal_rank():
     negatives = torch.tensor([[0.1, 0.2], [0.6, 0.1], [0.3, 0.2]])
     # ranks: 1, 2, and 2.5 (one higher, one tied)
     assert mean_reciprocal_rank(positive, negatives) == pytest.approx((1 + 1 / 2 + 1 / 2.5) / 3)
+
+
+def test_strict_json_writes_null_and_the_reason_for_numbers_json_cannot_hold(tmp_path):
+    from conftest import read_strict_json
+    from gnnscale.train.cli import write_json_atomic
+
+    write_json_atomic(tmp_path / "m.json", {"val": float("-inf"), "test": roc_auc(torch.rand(4), torch.ones(4)),
+                                            "history": [{"loss": float("nan")}, {"loss": 0.5}], "epochs": 2})
+    data = read_strict_json(tmp_path / "m.json")  # raises on NaN / Infinity
+    assert data["val"] is None and data["test"] is None and data["history"] == [{"loss": None}, {"loss": 0.5}]
+    assert sorted(data["not_computed"]) == ["history[0].loss", "test", "val"]
+    assert "ROC-AUC over one class" in data["not_computed"]["test"] and data["epochs"] == 2

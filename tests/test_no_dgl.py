@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import read_strict_json
+
 REPO = Path(__file__).resolve().parents[1]
 
 SITECUSTOMIZE = '''
@@ -89,7 +91,7 @@ def test_node_classification_trains_without_dgl(no_dgl_env, tmp_path):
     run(["scripts/train_node_classification.py", "--dataset", "synthetic", "--num-nodes", "2000",
          "--feat-dim", "8", "--num-classes", "4", "--hidden", "8", "--num-layers", "2", "--fanouts", "5,5",
          "--batch-size", "256", "--epochs", "1", "--num-workers", "0", "--out", str(out), "--quiet"], no_dgl_env)
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = read_strict_json(out / "metrics.json")
     assert metrics["epochs_run"] == 1 and 0.0 <= metrics["test"] <= 1.0
 
 
@@ -97,7 +99,7 @@ def test_partition_cli_without_dgl(no_dgl_env, tmp_path):
     out = tmp_path / "parts"
     run(["-m", "partition", "--num-parts", "2", "--num-nodes", "2000", "--feat-dim", "4", "--out", str(out),
          "--quiet"], no_dgl_env)
-    assert json.loads((out / "manifest.json").read_text())["num_parts"] == 2
+    assert read_strict_json(out / "manifest.json")["num_parts"] == 2
 
 
 def test_temporal_training_without_dgl(no_dgl_env, tmp_path):

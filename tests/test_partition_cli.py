@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import read_strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTHETIC = ["--dataset", "synthetic", "--num-nodes", "2000", "--avg-degree", "6", "--feat-dim", "4"]
@@ -26,7 +27,7 @@ def test_partition_then_verify(tmp_path: Path) -> None:
     for stage in ("load", "metis", "relabel", "write", "checksum"):  # one progress line per stage
         assert sum(f" {stage} " in line for line in proc.stderr.splitlines()) == 1, (stage, proc.stderr)
     assert "edge cut:" in proc.stdout and "balance max/mean: nodes" in proc.stdout and "replication" in proc.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_strict_json(out / "manifest.json")
     assert manifest["command"].endswith(f"--num-parts 3 --halo-hops 2 --out {out}")
     assert manifest["halo_hops"] == 2 and set(manifest["stages"]["stages"]) == {"load", "metis", "relabel", "write",
                                                                                  "checksum"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_num_parts_below_one(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     with pytest.raises(ValueError, match=r"num_parts must be >= 1, got 0; pass --num-parts 1 or more"):
         PartitionConfig(num_parts=0)
     code, line = run_cli([*SYNTHETIC, "--num-parts", "0", "--out", str(tmp_path / "out")], capsys)
-    assert code == 2 and line == "error: num_parts must be >= 1, got 0; pass --num-parts 1 or more"
+    assert code == 2 and line == "error: --num-parts must be >= 1, got 0"
     assert siblings(tmp_path / "out") == []
 
 
@@ -269,5 +270,41 @@ def test_verify_catches_a_node_owned_twice(parts: Path) -> None:
     orig = np.load(parts / "part2" / "orig_ids.npy")
     orig[0] = np.load(parts / "part0" / "orig_ids.npy")[0]
     _replace_array(parts, "part2/orig_ids.npy", orig)
-    with pytest.raises(PartitionError, match=r"part2/orig_ids\.npy and orig2new\.npy disagree: local node 0"):
+    with pytest.raises(PartitionError, match=r"part2/orig_ids\.npy: position 0 is original node \d+, which "
+                                             r"orig2new\.npy maps to \d+ instead of \d+"):
         verify(parts)
+
+
+def _corrupt(root: Path, rel: str, change) -> None:
+    array = np.load(root / rel)
+    change(array)
+    _replace_array(root, rel, array)
+
+
+def _set(position: int, value: int):
+    return lambda array: array.__setitem__(position, value)
+
+
+@pytest.mark.parametrize("rel, change, problem", [
+    ("part1/indices.npy", _set(7, 10**6), r"position 7 holds 1000000, outside \[0, 800\)"),
+    ("part1/indices.npy", _set(0, -1), r"position 0 holds -1, outside \[0, 800\)"),
+    ("part1/halo_ids.npy", _set(2, 800), r"position 2 holds 800, outside \[0, 800\)"),
+    ("part1/orig_ids.npy", _set(3, 800), r"position 3 holds 800, outside \[0, 800\)"),
+    ("part1/labels.npy", _set(4, 99), r"position 4 holds 99, outside \[0, \d+\)"),
+    ("part1/indptr.npy", _set(5, 0), r"position 5 holds 0: CSC offsets must rise from 0 to \d+"),
+    ("part1/indptr.npy", lambda a: a.__setitem__(-1, a[-1] - 1), r"position \d+ holds \d+: CSC offsets must rise"),
+    ("orig2new.npy", lambda a: a.__setitem__(slice(None), np.roll(a, 1)), r"position 0 is original node \d+, "
+                                                                          r"which orig2new\.npy maps to \d+ instead"),
+])
+def test_load_partition_refuses_consistent_checksums_with_broken_invariants(parts: Path, rel: str, change,
+                                                                           problem: str) -> None:
+    """Damage that checksums cannot see: load_partition names the file, the position and the fix."""
+    _corrupt(parts, rel, change)
+    expected = rel if rel.startswith("part1") else "part1/orig_ids.npy"
+    with pytest.raises(PartitionError, match=re.escape(str(parts / expected)) + ": " + problem + r".*re-create it "
+                                             r"with python -m partition \.\.\. --force \(python -m partition "
+                                             r"verify .* checks the whole folder\)"):
+        load_partition(parts, 1)
+    with pytest.raises(PartitionError, match=re.escape(str(parts)) + r"/part\d/\w+\.npy: position \d+"):
+        verify(parts, checksums=False)  # verify runs the same checks, naming the folder and the fix too
+    assert load_partition(parts, 1, check=False).num_nodes > 0  # the opt-out for trusted folders

@@ -272,9 +272,9 @@ def test_split_determinism_and_no_holdout() -> None:
 
 
 def test_split_caps_new_nodes_at_candidates() -> None:
-    # Node 2 is the only node active after val_time (= 0); a fraction of 1 cannot hold out more than it.
-    events = TemporalEvents(src=np.array([0] * 9 + [2]), dst=np.array([1] * 9 + [2]),
-                            t=np.array([0.0] * 9 + [1.0]), num_nodes=3, name="tiny")
+    # Node 2 is the only node active after val_time (= 0.3); a fraction of 1 cannot hold out more than it.
+    events = TemporalEvents(src=np.array([0] * 14 + [2] * 6), dst=np.array([1] * 14 + [2] * 6),
+                            t=np.array([0.0] * 14 + [1.0] * 3 + [2.0] * 3), num_nodes=3, name="tiny")
     split = chronological_split(events, new_node_fraction=1.0)
     assert split.new_nodes.tolist() == [2] and split.test_new_node[-1]
 
@@ -288,3 +288,11 @@ def test_split_bad_arguments() -> None:
         chronological_split(events, new_node_fraction=1.5)
     with pytest.raises(ValueError, match=r"cannot split random: it has no events"):
         chronological_split(events.subset(np.zeros(events.num_events, dtype=bool)))
+
+
+def test_split_refuses_a_stream_too_short_for_three_parts() -> None:
+    events = TemporalEvents(src=np.array([0] * 9 + [2]), dst=np.array([1] * 9 + [2]),
+                            t=np.array([0.0] * 9 + [1.0]), num_nodes=3, name="tiny")
+    with pytest.raises(ValueError, match=r"tiny has 10 event\(s\) at 2 distinct time\(s\): too few for a chronological "
+                                         r"70%/15%/15% split, the validation part is empty; give a longer stream"):
+        chronological_split(events)

@@ -181,7 +181,7 @@ def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
     assert main(["--dataset", "npz", "--data-dir", str(tmp_path / "events.npz"), "--staleness", "-1",
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --staleness must be >= 0 global steps, got -1"]
+    assert err == ["error: --staleness must be >= 0, got -1 (default 0)"]
     assert not (tmp_path / "run").exists()
 
 

@@ -12,6 +12,7 @@ from gnnscale.data.temporal import TemporalEvents, chronological_split
 from gnnscale.temporal import MemoryConfig, TGNConfig
 from gnnscale.temporal.cli import main
 from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
+from conftest import read_strict_json
 
 
 def stream(num_events: int = 600, num_nodes: int = 40, seed: int = 0, dst: np.ndarray | None = None) -> TemporalEvents:
@@ -94,7 +95,7 @@ def test_tgn_learns_collegemsg(dataset_dir, tmp_path):
     assert main(["--dataset", "collegemsg", "--data-dir", str(folder), "--epochs", "1", "--memory-dim", "32",
                  "--time-dim", "32", "--embedding-dim", "32", "--eval-negatives", "5", "--out", str(out),
                  "--quiet"]) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = read_strict_json(out / "metrics.json")
     for key in ("val_ap", "test_ap", "test_ap_inductive", "test_mrr", "test_mrr_inductive", "val_ap_inductive"):
         assert 0.0 <= metrics[key] <= 1.0, key
     assert metrics["test_ap"] > 0.62  # a random scorer gives 0.5; this one epoch gave 0.689 in CI
@@ -104,9 +105,9 @@ def test_tgn_learns_collegemsg(dataset_dir, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--dataset", "csv"], "--dataset csv needs --data-dir FILE"),
-    (["--dataset", "wikipedia", "--new-node-fraction", "1.5"], "--new-node-fraction must be in [0, 1), got 1.5"),
+    (["--dataset", "wikipedia", "--new-node-fraction", "1.5"], "--new-node-fraction must be >= 0 and < 1, got 1.5 (default 0.1)"),
     (["--dataset", "csv", "--data-dir", "/nonexistent/events.csv"], "/nonexistent/events.csv"),
-    (["--dataset", "collegemsg", "--data-dir", "/nonexistent", "--batch-size", "0"], "/nonexistent"),
+    (["--dataset", "collegemsg", "--data-dir", "/nonexistent", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 ])
 def test_cli_errors_are_one_line_and_write_nothing(argv, message, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2

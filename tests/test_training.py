@@ -13,6 +13,7 @@ from gnnscale.distributed.env import DistEnv, init_runtime
 from gnnscale.train.trainer import Trainer, TrainConfig
 from partition.load import whole_graph_partition
 from samplers import SamplerConfig
+from conftest import read_strict_json
 
 
 def planted_dataset(num_nodes=600, num_classes=3, seed=0) -> GraphDataset:
@@ -97,7 +98,7 @@ def test_cli_cora_gcn_reaches_published_accuracy(dataset_dir, tmp_path):
                  "--hidden", "16", "--fanouts", "-1,-1", "--batch-size", "140", "--epochs", "200",
                  "--quiet", "--out", str(tmp_path)])
     assert code == 0
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = read_strict_json(tmp_path / "metrics.json")
     for key in ("dataset", "model", "metric", "val", "test", "epochs_run", "train_seconds", "world_size", "args"):
         assert key in metrics
     assert metrics["dataset"] == "cora" and metrics["metric"] == "accuracy" and metrics["world_size"] == 1
