@@ -181,8 +181,9 @@ def check_partition(root: Path, manifest: dict, part: int, arrays: dict[str, np.
                              f"... --force (python -m partition verify {root} checks the whole folder)")
 
     indptr = np.asarray(arrays["indptr"])
-    steps = np.flatnonzero(np.diff(indptr) < 0)
-    if indptr[0] != 0 or steps.size or indptr[-1] != arrays["indices"].shape[0]:
+    falls = indptr[1:] < indptr[:-1]
+    if indptr[0] != 0 or falls.any() or indptr[-1] != arrays["indices"].shape[0]:
+        steps = np.flatnonzero(falls)
         position = 0 if indptr[0] != 0 else int(steps[0]) + 1 if steps.size else indptr.shape[0] - 1
         refuse("indptr", position, f"holds {int(indptr[position])}: CSC offsets must rise from 0 to "
                                    f"{arrays['indices'].shape[0]} (the stored in-edges) without decreasing")
@@ -208,8 +209,12 @@ _CHECK_CHUNK = 1 << 22
 def first_outside(array: np.ndarray, low: int, high: int) -> int | None:
     """Position of the first element of ``array`` outside ``[low, high)``, or None; reads it in chunks."""
     for lo in range(0, array.shape[0], _CHECK_CHUNK):
-        chunk = np.asarray(array[lo:lo + _CHECK_CHUNK])
-        if chunk.size and (chunk.min() < low or chunk.max() >= high):
+        chunk = np.ascontiguousarray(array[lo:lo + _CHECK_CHUNK])
+        if low == 0 and chunk.dtype.kind == "i":  # one pass: as unsigned, a negative id is above any high
+            outside = chunk.size and chunk.view(f"u{chunk.itemsize}").max() >= high
+        else:
+            outside = chunk.size and (chunk.min() < low or chunk.max() >= high)
+        if outside:
             return lo + int(np.flatnonzero((chunk < low) | (chunk >= high))[0])
     return None
 
