@@ -224,8 +224,7 @@ class TemporalNeighborSampler:
     def _gather(self, position: np.ndarray, mask: np.ndarray) -> TemporalNeighbors:
         """The CSR entries at ``position`` [B, k], padding where ``mask`` is False."""
         graph = self.graph
-        if graph.num_entries == 0:
-            position = np.zeros_like(position)
+        if graph.num_entries == 0:  # nothing to index: every slot is padding
             mask = np.zeros_like(mask)
             neighbors = np.full(position.shape, PAD_NEIGHBOR, dtype=np.int64)
             return TemporalNeighbors(neighbors=neighbors, times=np.full(position.shape, PAD_TIME),
