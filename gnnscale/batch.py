@@ -76,8 +76,7 @@ class Block:
 class MiniBatch:
     """The sampled computation graph of a set of seed nodes, outermost layer first.
 
-    ``blocks[0]`` consumes the features of ``input_ids``; ``blocks[-1]`` produces one
-    row per seed.
+    ``blocks[0]`` consumes the features of ``input_ids``; ``blocks[-1]`` produces one row per seed.
     """
 
     seeds: Tensor

@@ -16,9 +16,8 @@ file names, so they are read with :class:`ArrayUnpickler`, which admits only the
 handful of numpy/scipy/collections globals these files actually use (found with
 ``pickletools``): a file naming anything else is refused before it can run.
 
-Split (Kipf & Welling 2017; PyG's ``Planetoid(split="public")``): train = the first
-``len(y)`` nodes (140 Cora, 120 CiteSeer), val = the next 500, test = the 1,000
-nodes of ``test.index``.
+Split (Kipf & Welling 2017; PyG's ``Planetoid(split="public")``): train = the first ``len(y)`` nodes (140
+Cora, 120 CiteSeer), val = the next 500, test = the 1,000 nodes of ``test.index``.
 
 CiteSeer: ``test.index`` spans 2312..3326 but names only 1,000 of those 1,015 ids;
 the 15 others are isolated nodes that appear in no file.  As Kipf and PyG do, they

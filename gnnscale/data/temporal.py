@@ -175,10 +175,9 @@ def load_jodie_csv(path: str | Path, *, name: str | None = None) -> TemporalEven
 def load_snap_temporal(path: str | Path, *, name: str | None = None) -> TemporalEvents:
     """Read a SNAP temporal network: ``src dst unixtime`` per line, whitespace separated, no header.
 
-    Node ids are relabelled densely to ``0..n-1`` in increasing order of the file's ids
-    (``orig_ids[k]`` is the file's id of node ``k``), and times are shifted so that the first
-    event is at ``t = 0`` (the file must be time-ordered).  ``name`` defaults to the file name
-    without suffix.
+    Node ids are relabelled densely to ``0..n-1`` in increasing order of the file's ids (``orig_ids[k]``
+    is the file's id of node ``k``), and times are shifted so that the first event is at ``t = 0`` (the
+    file must be time-ordered).  ``name`` defaults to the file name without suffix.
     """
     path = _require_file(Path(path), "put a SNAP temporal edge list there ('src dst unixtime' per line)")
     source = str(path)

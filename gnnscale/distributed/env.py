@@ -83,11 +83,10 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
 class Runtime:
     """The process groups of one run.
 
-    ``group`` carries gradients (DDP: NCCL on CUDA, gloo on CPU); ``sample_group`` is a
-    separate gloo group for sampling and feature traffic, so the prefetching thread's
-    collectives never interleave with the trainer's.  ``store`` is a prefixed view of the
-    rendezvous store, namespaced by torchrun's restart count.  Every member is ``None``
-    in a world of one.
+    ``group`` carries gradients (DDP: NCCL on CUDA, gloo on CPU); ``sample_group`` is a separate gloo
+    group for sampling and feature traffic, so the prefetching thread's collectives never interleave with
+    the trainer's.  ``store`` is a prefixed view of the rendezvous store, namespaced by torchrun's
+    restart count.  Every member is ``None`` in a world of one.
     """
 
     env: DistEnv

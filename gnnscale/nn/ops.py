@@ -1,10 +1,9 @@
 """Sparse aggregation over a :class:`~gnnscale.batch.Block`, in plain torch (CPU and CUDA).
 
-Sums over in-edges run as a CSR sparse x dense product: on CPU it is about 7x faster
-than gathering one message row per edge and ``index_add_``-ing them (measured on
-300k edges x 256 features), and it never materialises an [num_edges, F] tensor.
-Edge weights that need gradients (attention) take the gather path instead, because
-torch 2.2's CSR backward densifies the gradient of the sparse values.
+Sums over in-edges run as a CSR sparse x dense product: on CPU it is about 7x faster than gathering one
+message row per edge and ``index_add_``-ing them (measured on 300k edges x 256 features), and it never
+materialises an [num_edges, F] tensor.  Edge weights that need gradients (attention) take the gather path
+instead, because torch 2.2's CSR backward densifies the gradient of the sparse values.
 """
 
 from __future__ import annotations
