@@ -129,8 +129,7 @@ def load_planetoid(data_dir: str | Path, *, name: str, row_normalize: bool = Tru
 
     num_train = parts["y"].shape[0]
     num_labeled = parts["allx"].shape[0]
-    # Node ids run 0..max(test.index); ids in the test range missing from test.index
-    # are CiteSeer's isolated nodes (see the module docstring).
+    # Ids run 0..max(test.index); test-range ids not in it are CiteSeer's isolated nodes (module docstring).
     num_nodes = max(num_labeled, int(test_index.max()) + 1)
     features, one_hot = _scatter_rows(parts, test_index, num_nodes, row_normalize)
     labels = one_hot.argmax(axis=1)  # all-zero rows -> 0, as in PyG

@@ -369,8 +369,7 @@ def _csc_from_pairs(pairs: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.n
         lo, hi = np.divmod(pairs[s:s + step], n)
         keys[m + s:m + s + lo.size] = hi * n + lo
     del pairs
-    # Both halves sorted, then a stable sort (timsort) only merges the two runs: about
-    # half the time of one full sort, for a temporary buffer of up to M entries.
+    # With both halves sorted, timsort only merges two runs: half a full sort's time, <= M entries extra.
     keys[m:].sort()
     keys.sort(kind="stable")
     indptr = np.searchsorted(keys, np.arange(num_nodes + 1, dtype=np.int64) * n)

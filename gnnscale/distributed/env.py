@@ -159,8 +159,7 @@ def init_runtime(env: DistEnv, device: str = "cpu", *, timeout: float = 60.0) ->
         return Runtime(env=env, device=dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    # Under torchrun the agent hosts the store and rank 0 is a client like the others;
-    # launched by hand (tests, other launchers), rank 0 hosts it.
+    # Under torchrun the agent hosts the store (rank 0 is a client); launched by hand, rank 0 hosts it.
     is_master = env.rank == 0 and not env.agent_store
     wait = datetime.timedelta(seconds=timeout)
     store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master, timeout=wait,

@@ -82,8 +82,7 @@ class DeviceFeeder:
             return item
         current = torch.cuda.current_stream(self.device)
         current.wait_event(event)
-        # The tensors were allocated on the side stream: tell the caching allocator that the
-        # default stream uses them too, so their memory is not reused while compute still reads it.
+        # Allocated on the side stream: tell the allocator the default stream uses them too (no early reuse).
         for tensor in _tensors(item):
             tensor.record_stream(current)
         return item

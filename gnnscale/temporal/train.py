@@ -276,8 +276,7 @@ class TemporalLinkTrainer:
         """One pass over the training events from zero memory; the mean global batch loss."""
         self.model.train()
         self.shard.reset()
-        # Dropout draws from torch's generator: reseeded per epoch (alike on every rank, as the batches
-        # are), so the run depends on --seed alone, not on what the process drew before.
+        # Dropout's generator, reseeded per epoch alike on every rank: the run depends on --seed alone.
         torch.manual_seed(epoch_seed(self.config.seed, epoch, 0))
         rng = np.random.default_rng((self.config.seed, epoch))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
