@@ -306,9 +306,7 @@ def _search_positions(cum: np.ndarray, w: np.ndarray, local: np.ndarray) -> np.n
 def _sample_unique_pairs(config: SyntheticConfig, layout: _Layout, root: np.random.SeedSequence,
                          log: _Log) -> np.ndarray:
     """int64 [M]: sorted unique undirected pair keys, M close to ``num_nodes * avg_degree / 2``.
-
-    Self-loops and repeats are dropped, then the shortfall is drawn again (a few rounds).
-    """
+    Self-loops and repeats are dropped, then the shortfall is drawn again (a few rounds)."""
     n = config.num_nodes
     target = round(n * config.avg_degree / 2)
     num_blocks = -(-n // _BLOCK)

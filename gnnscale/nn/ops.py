@@ -30,9 +30,7 @@ def adjacency(block: Block, edge_weight: Tensor | None = None, dtype: torch.dtyp
 
 def spmm_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None) -> Tensor:
     """``out[v] = sum_{e=(u,v)} w_e * x[u]``: float [num_dst, F] from ``x`` float [num_src, F].
-
-    ``edge_weight`` must not require grad (see module docstring).
-    """
+    ``edge_weight`` must not require grad (see module docstring)."""
     if block.num_edges == 0:
         return x.new_zeros(block.num_dst, x.shape[1])
     return adjacency(block, edge_weight, x.dtype) @ x
@@ -71,9 +69,7 @@ def segment_softmax(block: Block, scores: Tensor, dst: Tensor | None = None) -> 
 
 def gather_sum(block: Block, messages_src: Tensor, weight: Tensor, dst: Tensor | None = None) -> Tensor:
     """``out[v, h] = sum_e weight[e, h] * messages_src[u_e, h]`` for ``messages_src`` [num_src, H, F].
-
-    Differentiable in ``weight``; materialises [num_edges, H, F], so use for attention only.
-    """
+    Differentiable in ``weight``; materialises [num_edges, H, F], so use for attention only."""
     dst = block.dst_index() if dst is None else dst
     messages = messages_src[block.indices] * weight.unsqueeze(-1)
     out = messages_src.new_zeros((block.num_dst,) + tuple(messages_src.shape[1:]))
