@@ -74,11 +74,8 @@ class Block:
 
 @dataclass(kw_only=True)
 class MiniBatch:
-    """The sampled computation graph of a set of seed nodes, outermost layer first.
-
-    ``blocks[0]`` consumes the features of ``input_ids``; ``blocks[-1]`` produces one
-    row per seed.
-    """
+    """The sampled computation graph of a set of seed nodes, outermost layer first: ``blocks[0]``
+    consumes the features of ``input_ids``; ``blocks[-1]`` produces one row per seed."""
 
     seeds: Tensor
     """int64 [batch_size]: global ids of the nodes whose outputs are wanted."""

@@ -14,11 +14,9 @@ def accuracy(logits: Tensor, labels: Tensor) -> float:
 
 
 def roc_auc(scores: Tensor, labels: Tensor) -> float:
-    """Area under the ROC curve of ``scores`` float [n] for binary ``labels`` int64 [n].
-
-    Computed as the Mann-Whitney U statistic with average ranks for ties, so it equals
-    scikit-learn's ``roc_auc_score``. NaN when only one class is present.
-    """
+    """Area under the ROC curve of ``scores`` float [n] for binary ``labels`` int64 [n]: the Mann-Whitney
+    U statistic with average ranks for ties, so it equals scikit-learn's ``roc_auc_score``.  NaN when
+    only one class is present."""
     labels = labels.to(torch.bool)
     num_pos = int(labels.sum())
     num_neg = labels.numel() - num_pos

@@ -16,12 +16,11 @@ nodes keeping their original relative order; **write** each partition's arrays, 
 chunks and hashed while written; **checksum**: finish the hashes and write the manifest.  The
 folder appears complete or not at all (:func:`partition.writer.atomic_directory`).
 
-The folder's layout (format version 1) and its three id spaces are drawn in docs/partitioning.md,
-"The partition folder": a ``manifest.json``, ``orig2new.npy``, and per partition ``part<p>/``
-the arrays of :data:`partition.format.PART_ARRAYS`.  Partition ``p`` owns the new global ids
-``[start_p, end_p)``; every edge is stored once, as an in-edge of its destination, in the
-partition owning the destination.  Every file is a plain ``.npy`` that opens with
-``np.load(path, mmap_mode="r", allow_pickle=False)``.
+The folder's layout (format version 1) and its three id spaces are drawn in docs/partitioning.md, "The
+partition folder": a ``manifest.json``, ``orig2new.npy``, and per partition ``part<p>/`` the arrays of
+:data:`partition.format.PART_ARRAYS`.  Partition ``p`` owns the new global ids ``[start_p, end_p)``;
+every edge is stored once, as an in-edge of its destination, in the partition owning the destination.
+Every file is a plain ``.npy`` that opens with ``np.load(path, mmap_mode="r", allow_pickle=False)``.
 
 Public API:
 

@@ -1,8 +1,7 @@
 """Command line: ``python -m partition ...`` (or ``gnnscale-partition``) and ``... verify DIR``.
 
-Exit status: 0 on success; 1 when ``verify`` finds a problem; 2 for bad input (options, a
-dataset that fails to load, an existing ``--out``); 130 when interrupted.  Every failure is
-one line on stderr.
+Exit status: 0 on success; 1 when ``verify`` finds a problem; 2 for bad input (options, a dataset that
+fails to load, an existing ``--out``); 130 when interrupted.  Every failure is one line on stderr.
 """
 
 from __future__ import annotations

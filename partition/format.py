@@ -30,8 +30,7 @@ REQUIRED_KEYS = ("format", "format_version", "num_nodes", "num_edges", "num_part
                  "metric", "num_splits", "halo_hops", "node_data", "parts", "files")
 REPAIR = "re-create the folder with python -m partition ... --force"
 _HASH_BLOCK = 8 << 20
-# Bytes per write handed to the writer thread, and how many may wait: bounds the memory
-# held by queued chunks to about 128 MiB.
+# Bytes per write handed to the writer thread, and how many may wait: queued chunks hold <= ~128 MiB.
 _WRITE_CHUNK = 16 << 20
 _MAX_PENDING = 8
 

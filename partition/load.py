@@ -15,11 +15,8 @@ from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, open_array, 
 
 @dataclass(kw_only=True, frozen=True)
 class Partition:
-    """One partition's arrays (read-only memmaps) and the book of the whole graph.
-
-    ``n`` owned nodes with new global ids ``[start, end)`` (``node_range``); local id ``i``
-    is global id ``start + i``.
-    """
+    """One partition's arrays (read-only memmaps) and the book of the whole graph: ``n`` owned nodes
+    with new global ids ``[start, end)`` (``node_range``); local id ``i`` is global id ``start + i``."""
 
     part: int
     """This partition's id, in ``[0, num_parts)``."""

@@ -57,8 +57,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
                 writer.write(ORIG2NEW, book.orig2new)
                 part_stats = write_partitions(dataset, book, new2orig, writer, halo_hops=config.halo_hops,
                                               split=config.split)
-            # Hashes are computed by the writer thread while the data is written; this stage
-            # is what remains of that work after the last chunk was queued.
+            # The writer thread hashes while writing; this stage is what remains after the last chunk.
             with monitor.stage("checksum"):
                 files = writer.finish()
         except BaseException:

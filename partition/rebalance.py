@@ -1,12 +1,11 @@
 """Greedy multi-constraint rebalancing after METIS.
 
-METIS' multi-constraint k-way (as bundled with pymetis) does not enforce its tolerance: on
-tolokers (11,758 nodes, skewed degrees) it leaves the edge constraint 69-75% over the mean,
-and on 20k-node synthetic graphs 5-10% over.  A rank's load is what it owns, and the
-slowest rank sets the pace of every synchronous step, so a partition folder should keep
-the balance it promises.  :func:`rebalance` moves nodes until it does; what that costs in cut
-(moves go one way only; pairwise swaps would be the next step) is measured in
-docs/partitioning.md, METIS.
+METIS' multi-constraint k-way (as bundled with pymetis) does not enforce its tolerance: on tolokers
+(11,758 nodes, skewed degrees) it leaves the edge constraint 69-75% over the mean, and on 20k-node
+synthetic graphs 5-10% over.  A rank's load is what it owns, and the slowest rank sets the pace of every
+synchronous step, so a partition folder should keep the balance it promises.  :func:`rebalance` moves
+nodes until it does; what that costs in cut (moves go one way only; pairwise swaps would be the next
+step) is measured in docs/partitioning.md, METIS.
 """
 
 from __future__ import annotations

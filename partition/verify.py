@@ -1,12 +1,11 @@
 """``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
 
-The checks, in order (docs/partitioning.md): the manifest; every file listed, present,
-of its recorded size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; each
-partition's invariants as ``load_partition`` checks them (CSC offsets, id and label ranges,
-``orig2new`` and ``orig_ids`` inverting each other); the edge count and the H-hop halos
-recomputed from the partitions' own edges; with a dataset, the same
-in-edges (as multisets, in original ids), features, labels and masks.  Each failure raises
-:class:`PartitionError` naming the file and the problem.
+The checks, in order (docs/partitioning.md): the manifest; every file listed, present, of its recorded
+size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; each partition's invariants as
+``load_partition`` checks them (CSC offsets, id and label ranges, ``orig2new`` and ``orig_ids`` inverting
+each other); the edge count and the H-hop halos recomputed from the partitions' own edges; with a
+dataset, the same in-edges (as multisets, in original ids), features, labels and masks.  Each failure
+raises :class:`PartitionError` naming the file and the problem.
 """
 
 from __future__ import annotations

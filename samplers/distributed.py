@@ -1,14 +1,13 @@
 """Neighbour sampling over a partitioned graph: owned frontier nodes locally, the rest by their owners.
 
-Each rank holds the in-edges of the nodes it owns (a CSC over local destination ids whose
-sources are new global ids).  For every layer the frontier is split by owner; each rank
-sends the ids it does not own to their owners in one all-to-all round, samples its own
-frontier and every request with :func:`samplers.neighbor.sample_in_edges` -- the kernel of a
-single machine -- drawing from the batch's generator, and returns the sampled sources (with
-their counts) in a second round.  A node's neighbours therefore have the single-machine
-distribution; in a world of one the blocks are exactly those of
-:class:`~samplers.neighbor.NeighborSampler` with the same generator, and with fanout ``-1``
-they equal the single-machine blocks on any number of ranks.
+Each rank holds the in-edges of the nodes it owns (a CSC over local destination ids whose sources are new
+global ids).  For every layer the frontier is split by owner; each rank sends the ids it does not own to
+their owners in one all-to-all round, samples its own frontier and every request with
+:func:`samplers.neighbor.sample_in_edges` -- the kernel of a single machine -- drawing from the batch's
+generator, and returns the sampled sources (with their counts) in a second round.  A node's neighbours
+therefore have the single-machine distribution; in a world of one the blocks are exactly those of
+:class:`~samplers.neighbor.NeighborSampler` with the same generator, and with fanout ``-1`` they equal
+the single-machine blocks on any number of ranks.
 
 Every rank must call :meth:`DistNeighborSampler.sample` the same number of times (the
 trainer runs the same number of steps on every rank).

@@ -125,9 +125,7 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
 def make_block(dst: Tensor, src: Tensor, counts: Tensor, config: SamplerConfig,
                degrees: Callable[[Tensor], Tensor] | None) -> Block:
     """Compact ``(dst, src, counts)`` into a block, with self-loops and GCN weights as ``config`` asks.
-
-    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only).
-    """
+    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only)."""
     # Our own compaction instead of dgl.to_block: a parallel hash map numbers new source nodes in
     # a thread-dependent order, so two identical runs would train on permuted blocks.
     src_ids, local_src = compact(dst, src)

@@ -193,11 +193,9 @@ class TemporalNeighborSampler:
         self.strategy = strategy
 
     def sample(self, nodes: object, times: object, rng: np.random.Generator) -> TemporalNeighbors:
-        """Sample the past events of ``nodes`` (int64 [B]) before ``times`` (float64 [B]), drawing from ``rng``.
-
-        Only ``"uniform"`` draws; ``"recent"`` leaves ``rng`` untouched.
-        Nodes without events, or queried at or before their first event, get all-padding rows.
-        """
+        """Sample the past events of ``nodes`` (int64 [B]) before ``times`` (float64 [B]), drawing from
+        ``rng`` (only ``"uniform"`` draws; ``"recent"`` leaves it untouched).  Nodes without events, or
+        queried at or before their first event, get all-padding rows."""
         nodes, times = _as_ids("nodes", nodes), _as_times("times", times)
         if nodes.size != times.size:
             raise ValueError(f"nodes and times must have one entry per query, "
@@ -224,8 +222,7 @@ class TemporalNeighborSampler:
     def _gather(self, position: np.ndarray, mask: np.ndarray) -> TemporalNeighbors:
         """The CSR entries at ``position`` [B, k], padding where ``mask`` is False."""
         graph = self.graph
-        if graph.num_entries == 0:
-            position = np.zeros_like(position)
+        if graph.num_entries == 0:  # nothing to index: every slot is padding
             mask = np.zeros_like(mask)
             neighbors = np.full(position.shape, PAD_NEIGHBOR, dtype=np.int64)
             return TemporalNeighbors(neighbors=neighbors, times=np.full(position.shape, PAD_TIME),

@@ -1,9 +1,8 @@
 """The in-memory node-classification dataset every loader returns.
 
-The graph is stored as CSC (compressed sparse column): for destination node ``v``,
-its in-neighbours are ``indices[indptr[v]:indptr[v + 1]]``.  Message passing pulls
-from in-neighbours, so CSC is the layout samplers and layers want.  Undirected
-graphs store both directions.
+The graph is stored as CSC (compressed sparse column): for destination node ``v``, its in-neighbours are
+``indices[indptr[v]:indptr[v + 1]]``.  Message passing pulls from in-neighbours, so CSC is the layout
+samplers and layers want.  Undirected graphs store both directions.
 
 Arrays are numpy so that partitions can later be memory-mapped; convert with
 ``torch.from_numpy`` (zero-copy) where tensors are needed.

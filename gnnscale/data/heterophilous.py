@@ -9,9 +9,8 @@ Keys, identical for roman-empire, amazon-ratings, minesweeper, tolokers and ques
     val_masks      bool  [10, N]
     test_masks     bool  [10, N]
 
-The benchmark scores its binary datasets (minesweeper, tolokers, questions: all
-class-imbalanced) by ROC-AUC and the others by accuracy, so the metric follows the
-number of classes.
+The benchmark scores its binary datasets (minesweeper, tolokers, questions: all class-imbalanced) by
+ROC-AUC and the others by accuracy, so the metric follows the number of classes.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ file names, so they are read with :class:`ArrayUnpickler`, which admits only the
 handful of numpy/scipy/collections globals these files actually use (found with
 ``pickletools``): a file naming anything else is refused before it can run.
 
-Split (Kipf & Welling 2017; PyG's ``Planetoid(split="public")``): train = the first
-``len(y)`` nodes (140 Cora, 120 CiteSeer), val = the next 500, test = the 1,000
-nodes of ``test.index``.
+Split (Kipf & Welling 2017; PyG's ``Planetoid(split="public")``): train = the first ``len(y)`` nodes (140
+Cora, 120 CiteSeer), val = the next 500, test = the 1,000 nodes of ``test.index``.
 
 CiteSeer: ``test.index`` spans 2312..3326 but names only 1,000 of those 1,015 ids;
 the 15 others are isolated nodes that appear in no file.  As Kipf and PyG do, they
@@ -130,8 +129,7 @@ def load_planetoid(data_dir: str | Path, *, name: str, row_normalize: bool = Tru
 
     num_train = parts["y"].shape[0]
     num_labeled = parts["allx"].shape[0]
-    # Node ids run 0..max(test.index); ids in the test range missing from test.index
-    # are CiteSeer's isolated nodes (see the module docstring).
+    # Ids run 0..max(test.index); test-range ids not in it are CiteSeer's isolated nodes (module docstring).
     num_nodes = max(num_labeled, int(test_index.max()) + 1)
     features, one_hot = _scatter_rows(parts, test_index, num_nodes, row_normalize)
     labels = one_hot.argmax(axis=1)  # all-zero rows -> 0, as in PyG

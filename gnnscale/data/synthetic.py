@@ -1,40 +1,36 @@
 """Synthetic node-classification graphs with planted communities.
 
-A random graph (``dgl.rand_graph``) has neither learnable labels nor locality, so it
-says nothing about accuracy and flatters no partitioner.  This generator plants both:
+A random graph (``dgl.rand_graph``) has neither learnable labels nor locality, so it says nothing
+about accuracy and flatters no partitioner.  This generator plants both:
 
-* **Communities.**  Nodes fall into ``num_nodes / community_size`` equal communities.
-  Node ids are a random permutation, so a community is *not* a contiguous id range:
-  a partitioner has to find it from the edges.
-* **Labels.**  Each community carries one label; communities are spread evenly over
-  the ``num_classes`` labels (``label(c) = c * num_classes // num_communities``).
-* **Edges** come from a degree-corrected stochastic block model.  Every node has a
-  power-law weight ``theta`` (exponent ``degree_exponent``, expected degree capped at
-  ``max_degree``).  One endpoint of each sampled pair is drawn from all nodes in
-  proportion to ``theta``; the other, again in proportion to ``theta``, from
+* **Communities.**  Nodes fall into ``num_nodes / community_size`` equal communities.  Node ids are
+  a random permutation, so a community is *not* a contiguous id range: a partitioner has to find
+  it from the edges.
+* **Labels.**  Each community carries one label; communities are spread evenly over the
+  ``num_classes`` labels (``label(c) = c * num_classes // num_communities``).
+* **Edges** come from a degree-corrected stochastic block model.  Every node has a power-law weight
+  ``theta`` (exponent ``degree_exponent``, expected degree capped at ``max_degree``).  One endpoint
+  of each sampled pair is drawn from all nodes in proportion to ``theta``; the other, again in
+  proportion to ``theta``, from
 
   - the same community, with probability ``intra_fraction``;
   - another community *of the same label*, with probability
-    ``(1 - intra_fraction) * same_label_fraction`` -- so inter-community edges still
-    favour the own class (homophily), as citation and co-purchase graphs do;
+    ``(1 - intra_fraction) * same_label_fraction`` -- so inter-community edges still favour the own
+    class (homophily), as citation and co-purchase graphs do;
   - any node, otherwise (a degree-corrected Erdos-Renyi background).
 
-  Both directions are stored; self-loops and repeats are dropped, and a few extra
-  pairs are drawn to make up for them, so the average degree is close to ``avg_degree``.
-  The expected fraction of edges joining equal labels is about
-  ``intra + (1 - intra) * (same_label + (1 - same_label) / num_classes)``.
-* **Features** are the class centroid plus isotropic Gaussian noise.  Centroids are
-  orthonormal (when ``feat_dim >= num_classes``), so how hard the features are alone
-  depends on ``feature_noise`` only, not on ``feat_dim``.  With the defaults a
-  nearest-centroid classifier (the best any model can do on features alone) scores
-  about 45%, and the same classifier on neighbour-averaged features about 90%: a
-  GNN has something to learn that an MLP cannot.
+  Both directions are stored; self-loops and repeats are dropped, and a few extra pairs are drawn
+  to make up for them, so the average degree is close to ``avg_degree``.  Edges join equal labels
+  with probability about ``intra + (1 - intra) * (same_label + (1 - same_label) / num_classes)``.
+* **Features** are the class centroid plus isotropic Gaussian noise.  Centroids are orthonormal
+  (when ``feat_dim >= num_classes``), so how hard the features are alone depends on
+  ``feature_noise`` only, not on ``feat_dim``.  With the defaults a nearest-centroid classifier (the
+  best any model can do on features alone) scores about 45%, and the same classifier on
+  neighbour-averaged features about 90%: a GNN has something to learn that an MLP cannot.
 
 Sampling is vectorised over a label- and community-major layout (:class:`_Layout`).  Randomness
 comes from one ``np.random.SeedSequence(seed)`` child per fixed block of 65,536 positions (or
-feature rows), so ``chunk_edges`` bounds memory without changing the graph.
-
-Example::
+feature rows), so ``chunk_edges`` bounds memory without changing the graph.  Example::
 
     ds = generate_synthetic(SyntheticConfig(num_nodes=1_000_000, avg_degree=10))
 """
@@ -51,8 +47,7 @@ import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
 
-# Positions (or feature rows) drawn from one child seed.  Fixed, so that the output
-# does not depend on how the work is chunked.
+# Positions (or feature rows) drawn from one child seed; fixed, so the output does not depend on chunking.
 _BLOCK = 1 << 16
 # Stop topping up once this fraction of the requested pairs is missing.
 _DEGREE_TOLERANCE = 1e-3
@@ -127,8 +122,7 @@ class SyntheticConfig:
                  "shrink one of the split fractions")
         _require(_is_real(self.avg_degree) and self.avg_degree > 0, "avg_degree", self.avg_degree, "> 0",
                  "use e.g. 10.0")
-        # Intra-community pairs must stay sparse inside a community, or dropping repeats
-        # would make the requested degree unreachable.
+        # Intra-community pairs must stay sparse, or dropping repeats would make the degree unreachable.
         intra_degree = self.avg_degree * self.intra_fraction
         _require(intra_degree <= 0.25 * (self.community_size - 1), "avg_degree", self.avg_degree,
                  f"avg_degree * intra_fraction = {intra_degree:g} <= (community_size - 1) / 4 = "
@@ -204,8 +198,7 @@ def _plant(config: SyntheticConfig, rng: np.random.Generator) -> _Layout:
     with np.errstate(over="ignore"):
         theta = (1.0 - rng.random(n)) ** (-1.0 / (config.degree_exponent - 1.0))
     np.minimum(theta, 1e15, out=theta)
-    # Scale to mean 1 so that the expected degree is avg_degree * theta, then cap;
-    # repeated because capping lowers the mean again.
+    # Scale to mean 1 (expected degree avg_degree * theta), then cap; repeated as capping lowers the mean.
     cap = config.max_degree / config.avg_degree
     for _ in range(100):
         theta /= theta.mean()
@@ -220,14 +213,12 @@ def _plant(config: SyntheticConfig, rng: np.random.Generator) -> _Layout:
 
 def _draw_first_endpoints(cum: np.ndarray, start: int, stop: int, rate: float,
                           seed: np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """First endpoints at positions ``[start, stop)``, with their two uniforms.
+    """First endpoints at positions ``[start, stop)``: int64 [m] positions, float64 [m] kind uniforms,
+    float64 [m] second-endpoint uniforms.
 
-    Position ``p`` starts ``Poisson(rate * theta[p])`` pairs: the same law as drawing
-    the first endpoint in proportion to ``theta``, but the endpoints come out sorted,
-    so no search is needed and the intra-community searches that follow stay within
-    a cache-sized window of ``cum``.
-
-    Returns int64 [m] positions, float64 [m] kind uniforms, float64 [m] second-endpoint uniforms.
+    Position ``p`` starts ``Poisson(rate * theta[p])`` pairs: the same law as drawing the first
+    endpoint in proportion to ``theta``, but the endpoints come out sorted, so no search is needed
+    and the intra-community searches that follow stay within a cache-sized window of ``cum``.
     """
     rng = np.random.default_rng(seed)
     counts = rng.poisson(np.diff(cum[start:stop + 1]) * rate)
@@ -238,13 +229,10 @@ def _draw_first_endpoints(cum: np.ndarray, start: int, stop: int, rate: float,
 def _kind_tables(config: SyntheticConfig, layout: _Layout) -> tuple[np.ndarray, np.ndarray]:
     """Where the second endpoint of a pair of each kind may fall, per community.
 
-    Row ``kind * C + c`` describes a pair whose first endpoint lies in community ``c``;
-    kind 0 is intra-community, 1 another community of the same label, 2 anywhere.
-
-    Returns:
-        float64 [3C, 4]: weight range start, weight span, and for kind 1 the weight
-        at which the own community begins and its weight (to skip over it).
-        int64 [3C, 2]: first and last allowed position.
+    Row ``kind * C + c`` describes a pair whose first endpoint lies in community ``c``; kind 0 is
+    intra-community, 1 another community of the same label, 2 anywhere.  Returns float64 [3C, 4]:
+    weight range start, weight span, and for kind 1 the weight at which the own community begins
+    and its weight (to skip over it); and int64 [3C, 2]: first and last allowed position.
     """
     n, c, k = config.num_nodes, config.num_communities, config.num_classes
     cum, cstart, lstart = layout.cum_weight, layout.community_start, layout.label_start
@@ -266,14 +254,10 @@ def _kind_tables(config: SyntheticConfig, layout: _Layout) -> tuple[np.ndarray, 
 
 def _pair_keys(config: SyntheticConfig, layout: _Layout, tables: tuple[np.ndarray, np.ndarray],
                first: np.ndarray, r_kind: np.ndarray, r_second: np.ndarray) -> np.ndarray:
-    """Draw the second endpoint of each pair; int64 [<= m] keys ``lo * N + hi`` with
-    ``lo < hi`` (self-loops dropped, repeats kept).
-
-    Args:
-        tables: from :func:`_kind_tables`.
-        first: int64 [m] position of each pair's first endpoint.
-        r_kind, r_second: float64 [m] uniforms choosing the kind and the second endpoint.
-    """
+    """Draw the second endpoint of each pair; int64 [<= m] keys ``lo * N + hi`` with ``lo < hi``
+    (self-loops dropped, repeats kept).  ``first``: int64 [m] position of each pair's first endpoint;
+    ``r_kind``, ``r_second``: float64 [m] uniforms choosing the kind and the second endpoint;
+    ``tables``: from :func:`_kind_tables`."""
     n, c = config.num_nodes, config.num_communities
     weights, bounds = tables
     p_intra = config.intra_fraction
@@ -322,9 +306,7 @@ def _search_positions(cum: np.ndarray, w: np.ndarray, local: np.ndarray) -> np.n
 def _sample_unique_pairs(config: SyntheticConfig, layout: _Layout, root: np.random.SeedSequence,
                          log: _Log) -> np.ndarray:
     """int64 [M]: sorted unique undirected pair keys, M close to ``num_nodes * avg_degree / 2``.
-
-    Self-loops and repeats are dropped, then the shortfall is drawn again (a few rounds).
-    """
+    Self-loops and repeats are dropped, then the shortfall is drawn again (a few rounds)."""
     n = config.num_nodes
     target = round(n * config.avg_degree / 2)
     num_blocks = -(-n // _BLOCK)
@@ -374,12 +356,9 @@ def _merge_unique(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _csc_from_pairs(pairs: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSC ``(indptr int64 [N+1], indices int64 [2M])`` of the undirected pairs
-    ``lo * N + hi`` (int64 [M], unique, ``lo < hi``), both directions stored.
-
-    Peak is about ``pairs`` + 3M int64 entries; ``csc_from_edges`` would hold
-    several full-size src/dst/key copies at once.
-    """
+    """CSC ``(indptr int64 [N+1], indices int64 [2M])`` of the undirected pairs ``lo * N + hi``
+    (int64 [M], unique, ``lo < hi``), both directions stored.  Peak is about ``pairs`` + 3M int64
+    entries; ``csc_from_edges`` would hold several full-size src/dst/key copies at once."""
     m, n = pairs.size, np.int64(num_nodes)
     keys = np.empty(2 * m, dtype=np.int64)  # dst * N + src
     keys[:m] = pairs  # dst = lo, src = hi
@@ -388,8 +367,7 @@ def _csc_from_pairs(pairs: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.n
         lo, hi = np.divmod(pairs[s:s + step], n)
         keys[m + s:m + s + lo.size] = hi * n + lo
     del pairs
-    # Both halves sorted, then a stable sort (timsort) only merges the two runs: about
-    # half the time of one full sort, for a temporary buffer of up to M entries.
+    # With both halves sorted, timsort only merges two runs: half a full sort's time, <= M entries extra.
     keys[m:].sort()
     keys.sort(kind="stable")
     indptr = np.searchsorted(keys, np.arange(num_nodes + 1, dtype=np.int64) * n)
@@ -447,16 +425,12 @@ class _Log:
 
 
 def generate_synthetic(config: SyntheticConfig, progress: bool = False) -> GraphDataset:
-    """Generate a planted-community graph (see the module docstring).
+    """Generate a planted-community graph (see the module docstring); equal configs give identical
+    datasets, and ``progress`` prints stage timings to stderr.
 
-    Args:
-        config: what to generate; equal configs give identical datasets.
-        progress: print stage timings to stderr.
-
-    Returns:
-        A :class:`GraphDataset` named ``"synthetic"`` with metric ``"accuracy"``, one
-        split, and in ``extra``: ``"community"`` (int32 [N], the planted community of
-        each node, for checking partition quality), ``"num_communities"`` and ``"config"``.
+    Returns a :class:`GraphDataset` named ``"synthetic"`` with metric ``"accuracy"``, one split, and
+    in ``extra``: ``"community"`` (int32 [N], the planted community of each node, for checking
+    partition quality), ``"num_communities"`` and ``"config"``.
     """
     log = _Log(progress)
     structure_seq, edge_seq, feature_seq, split_seq = np.random.SeedSequence(config.seed).spawn(4)

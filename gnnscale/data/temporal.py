@@ -3,16 +3,11 @@
 A stream is a time-ordered list of events ``(src, dst, t)``, optionally with a feature vector and
 a label per event (:class:`TemporalEvents`).  Three file formats are read:
 
-================  ==========================================================  =========================
-format            layout                                                      loader
-================  ==========================================================  =========================
-JODIE/TGN CSV     header ``u,i,ts,label[,f0,f1,...]``, one event per line      :func:`load_jodie_csv`
-SNAP temporal     ``src dst unixtime`` per line, whitespace, no header,        :func:`load_snap_temporal`
-                  ``#`` comments; ids are relabelled 0..n-1, times shifted
-                  so that the first event is at t = 0
-npz               arrays ``src``, ``dst``, ``t``; optional ``edge_features``,  :func:`load_temporal_npz`
-                  ``labels``, ``num_nodes`` (scalar), ``orig_ids``
-================  ==========================================================  =========================
+* JODIE/TGN CSV (:func:`load_jodie_csv`): header ``u,i,ts,label[,f0,f1,...]``, one event per line;
+* SNAP temporal (:func:`load_snap_temporal`): ``src dst unixtime`` per line, whitespace, no header,
+  ``#`` comments; ids are relabelled 0..n-1, times shifted so that the first event is at t = 0;
+* npz (:func:`load_temporal_npz`): arrays ``src``, ``dst``, ``t``; optional ``edge_features``,
+  ``labels``, ``num_nodes`` (scalar), ``orig_ids``.
 
 :func:`load_temporal` dispatches by name and also knows the bundled copies of Wikipedia and
 CollegeMsg (``../shared/datasets/{wikipedia,collegemsg}``).  Every loader refuses bad input with
@@ -124,14 +119,10 @@ class TemporalEvents:
 
 # ---------------------------------------------------------------------- loaders
 def load_temporal(name: str, path: str | Path) -> TemporalEvents:
-    """Load temporal dataset ``name``.
+    """Load temporal dataset ``name``, one of :data:`TEMPORAL_NAMES` (case-insensitive), from ``path``.
 
-    Args:
-        name: one of :data:`TEMPORAL_NAMES` (case-insensitive).  ``"wikipedia"`` and
-            ``"collegemsg"`` take the dataset folder (holding ``wikipedia.csv`` /
-            ``CollegeMsg.txt``; the file itself is accepted too); ``"csv"``, ``"snap"`` and
-            ``"npz"`` take the file.
-        path: the folder or file.
+    ``"wikipedia"`` and ``"collegemsg"`` take the dataset folder (holding ``wikipedia.csv`` /
+    ``CollegeMsg.txt``; the file itself is accepted too); ``"csv"``, ``"snap"`` and ``"npz"`` take the file.
 
     Raises:
         ValueError: unknown ``name``, or malformed data (a DatasetError).
@@ -159,11 +150,8 @@ def load_jodie_csv(path: str | Path, *, name: str | None = None) -> TemporalEven
 
     Ids are used as they are (items already offset past users); ``num_nodes`` = max id + 1.
     Columns after ``label`` become ``edge_features`` (the header need not name them, but if it
-    names more than four columns every row must have that many fields).
-
-    Args:
-        path: the CSV file.
-        name: dataset name; defaults to the file name without suffix.
+    names more than four columns every row must have that many fields).  ``name`` defaults to the
+    file name without suffix.
     """
     path = _require_file(Path(path), "put a JODIE/TGN CSV there (header u,i,ts,label)")
     source = str(path)
@@ -187,13 +175,9 @@ def load_jodie_csv(path: str | Path, *, name: str | None = None) -> TemporalEven
 def load_snap_temporal(path: str | Path, *, name: str | None = None) -> TemporalEvents:
     """Read a SNAP temporal network: ``src dst unixtime`` per line, whitespace separated, no header.
 
-    Node ids are relabelled densely to ``0..n-1`` in increasing order of the file's ids
-    (``orig_ids[k]`` is the file's id of node ``k``), and times are shifted so that the first
-    event is at ``t = 0`` (the file must be time-ordered).
-
-    Args:
-        path: the text file.
-        name: dataset name; defaults to the file name without suffix.
+    Node ids are relabelled densely to ``0..n-1`` in increasing order of the file's ids (``orig_ids[k]``
+    is the file's id of node ``k``), and times are shifted so that the first event is at ``t = 0`` (the
+    file must be time-ordered).  ``name`` defaults to the file name without suffix.
     """
     path = _require_file(Path(path), "put a SNAP temporal edge list there ('src dst unixtime' per line)")
     source = str(path)
@@ -212,11 +196,8 @@ def load_temporal_npz(path: str | Path, *, name: str | None = None) -> TemporalE
     """Read an ``.npz`` with ``src``, ``dst`` (integer [E]) and ``t`` (float [E], sorted).
 
     Optional arrays: ``edge_features`` [E, F], ``labels`` [E], ``num_nodes`` (an integer scalar;
-    default max id + 1) and ``orig_ids`` (int [num_nodes]).  Read with ``allow_pickle=False``.
-
-    Args:
-        path: the ``.npz`` file.
-        name: dataset name; defaults to the file name without suffix.
+    default max id + 1) and ``orig_ids`` (int [num_nodes]).  Read with ``allow_pickle=False``;
+    ``name`` defaults to the file name without suffix.
     """
     path = _require_file(Path(path), "save the events there with np.savez(path, src=..., dst=..., t=...)")
     source = str(path)
@@ -362,10 +343,8 @@ def chronological_split(events: TemporalEvents, val_fraction: float = 0.15, test
 
 # ---------------------------------------------------------------------- helpers
 class _Rows:
-    """Names event ``k`` in messages: ``line N (event k)`` of a text file, or ``event k``.
-
-    Line numbers are found by rescanning the file, which happens only when there is an error.
-    """
+    """Names event ``k`` in messages: ``line N (event k)`` of a text file (found by rescanning the
+    file, only on an error), or ``event k``."""
 
     def __init__(self, path: Path | None, *, header: bool = False, comment: str | None = None) -> None:
         self.path, self.header, self.comment = path, header, comment

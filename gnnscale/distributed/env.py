@@ -83,11 +83,10 @@ def read_env(environ: dict[str, str] | None = None) -> DistEnv:
 class Runtime:
     """The process groups of one run.
 
-    ``group`` carries gradients (DDP: NCCL on CUDA, gloo on CPU); ``sample_group`` is a
-    separate gloo group for sampling and feature traffic, so the prefetching thread's
-    collectives never interleave with the trainer's.  ``store`` is a prefixed view of the
-    rendezvous store, namespaced by torchrun's restart count.  Every member is ``None``
-    in a world of one.
+    ``group`` carries gradients (DDP: NCCL on CUDA, gloo on CPU); ``sample_group`` is a separate gloo
+    group for sampling and feature traffic, so the prefetching thread's collectives never interleave with
+    the trainer's.  ``store`` is a prefixed view of the rendezvous store, namespaced by torchrun's
+    restart count.  Every member is ``None`` in a world of one.
     """
 
     env: DistEnv
@@ -160,8 +159,7 @@ def init_runtime(env: DistEnv, device: str = "cpu", *, timeout: float = 60.0) ->
         return Runtime(env=env, device=dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    # Under torchrun the agent hosts the store and rank 0 is a client like the others;
-    # launched by hand (tests, other launchers), rank 0 hosts it.
+    # Under torchrun the agent hosts the store (rank 0 is a client); launched by hand, rank 0 hosts it.
     is_master = env.rank == 0 and not env.agent_store
     wait = datetime.timedelta(seconds=timeout)
     store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master, timeout=wait,

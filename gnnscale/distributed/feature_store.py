@@ -11,7 +11,7 @@ The cache holds remote rows chosen by expected access, sized by the user:
 * ``"degree"``: remote nodes ranked by how many in-edges of owned nodes they are the
   source of -- the nodes a 1-hop sample from this partition draws most often.
 * ``"presample"``: ranked by how often they were requested while sampling a number of
-  mini-batches before training (``fill_cache_from_counts``).
+  mini-batches before training (``fill_cache_by_counts``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """Stop every rank, naming the culprit, when one rank of a job dies or stops answering.
 
-A gloo collective whose peer was killed (``kill -9``) fails fast on the survivors, but with
-a bare ``Connection reset by peer``; a peer that is stopped (SIGSTOP) or hung leaves them
-blocked until the process group's timeout (30 minutes by default). The :class:`Watchdog`
-bounds both: each rank bumps a heartbeat counter in the rendezvous store every ``interval``
-seconds and watches the others' counters; a rank whose counter has not moved for
-``timeout`` seconds, and that has not said it finished cleanly, is reported by rank number
-and the watching process exits with :data:`EXIT_PEER_FAILURE`.
+A gloo collective whose peer was killed (``kill -9``) fails fast on the survivors, but with a bare
+``Connection reset by peer``; a peer that is stopped (SIGSTOP) or hung leaves them blocked until the
+process group's timeout (30 minutes by default).  The :class:`Watchdog` bounds both: each rank bumps
+a heartbeat counter in the rendezvous store every ``interval`` seconds and watches the others'
+counters; a rank whose counter has not moved for ``timeout`` seconds, and that has not said it
+finished cleanly, is reported by rank number and the watching process exits with
+:data:`EXIT_PEER_FAILURE`.
 
 Keys, below the caller's prefix (e.g. ``gnnscale/{restart_count}/watchdog``)::
 
-    {prefix}/hb/{rank}   counter: +1 per heartbeat; +DONE_OFFSET once the rank has finished cleanly
+    {prefix}/hb/{rank}   counter: +1 per heartbeat; +DONE_OFFSET on a clean finish, +FAILED_OFFSET on error
 
 Counters rather than timestamps, so the clocks of different hosts never matter: staleness is
-measured on the watcher's own monotonic clock. Start the watchdog after the process group is
+measured on the watcher's own monotonic clock.  Start the watchdog after the process group is
 initialised (all ranks are up), so a slow starter is not taken for a dead one.
 """
 
@@ -110,11 +110,9 @@ class HeartbeatTracker:
             self._changed[rank] = now
 
     def stale(self, now: float) -> list[int]:
-        """Peers unchanged for ``timeout`` s as of ``now`` and not done.
-
-        Pass the time a read round *started*: every read in the round came after it, so an unchanged
-        value proves silence up to ``now`` even if this process was itself paused during the round.
-        """
+        """Peers unchanged for ``timeout`` s as of ``now`` and not done.  Pass the time a read round
+        *started*: every read in the round came after it, so an unchanged value proves silence up to
+        ``now`` even if this process was itself paused during the round."""
         return [rank for rank in self.peers
                 if rank not in self._done and now - self._changed[rank] >= self.timeout]
 
@@ -178,8 +176,7 @@ class Watchdog:
         self.store = dist.PrefixStore(prefix.rstrip("/"), store) if prefix else store
         self.store_address = _store_address(store)
         self.store_owner = store_owner
-        self.failure: str | None = None
-        """The message once a failure was detected."""
+        self.failure: str | None = None  # the message once a failure was detected
         self.failed_ranks: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self._failed = threading.Event()
@@ -257,10 +254,8 @@ class Watchdog:
             raise PeerFailure(self.failure, self.failed_ranks)
 
     def diagnose(self, wait: float | None = None) -> str | None:
-        """After a collective raised: wait up to ``wait`` s (default timeout + 2 intervals) for a silent peer.
-
-        Returns the failure message naming it, or None if every peer kept answering.
-        """
+        """After a collective raised: wait up to ``wait`` s (default timeout + 2 intervals) for a silent
+        peer; the failure message naming it, or None if every peer kept answering."""
         if not self._threads:
             raise RuntimeError("Watchdog.diagnose() needs a started watchdog: call start() or use it as a context "
                                "manager first")
@@ -277,10 +272,9 @@ class Watchdog:
 
     @contextmanager
     def guard(self, wait: float | None = None) -> Iterator["Watchdog"]:
-        """Run a block; a communication RuntimeError in it becomes a :class:`PeerFailure` when a peer is identified.
-
-        Other errors, and communication errors with every peer still answering, propagate unchanged.
-        """
+        """Run a block; a communication RuntimeError in it becomes a :class:`PeerFailure` when a peer is
+        identified.  Other errors, and communication errors with every peer still answering, propagate
+        unchanged."""
         self.check()
         try:
             yield self

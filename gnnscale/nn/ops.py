@@ -1,10 +1,9 @@
 """Sparse aggregation over a :class:`~gnnscale.batch.Block`, in plain torch (CPU and CUDA).
 
-Sums over in-edges run as a CSR sparse x dense product: on CPU it is about 7x faster
-than gathering one message row per edge and ``index_add_``-ing them (measured on
-300k edges x 256 features), and it never materialises an [num_edges, F] tensor.
-Edge weights that need gradients (attention) take the gather path instead, because
-torch 2.2's CSR backward densifies the gradient of the sparse values.
+Sums over in-edges run as a CSR sparse x dense product: on CPU it is about 7x faster than gathering one
+message row per edge and ``index_add_``-ing them (measured on 300k edges x 256 features), and it never
+materialises an [num_edges, F] tensor.  Edge weights that need gradients (attention) take the gather path
+instead, because torch 2.2's CSR backward densifies the gradient of the sparse values.
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ def adjacency(block: Block, edge_weight: Tensor | None = None, dtype: torch.dtyp
 
 def spmm_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None) -> Tensor:
     """``out[v] = sum_{e=(u,v)} w_e * x[u]``: float [num_dst, F] from ``x`` float [num_src, F].
-
-    ``edge_weight`` must not require grad (see module docstring).
-    """
+    ``edge_weight`` must not require grad (see module docstring)."""
     if block.num_edges == 0:
         return x.new_zeros(block.num_dst, x.shape[1])
     return adjacency(block, edge_weight, x.dtype) @ x
@@ -72,9 +69,7 @@ def segment_softmax(block: Block, scores: Tensor, dst: Tensor | None = None) -> 
 
 def gather_sum(block: Block, messages_src: Tensor, weight: Tensor, dst: Tensor | None = None) -> Tensor:
     """``out[v, h] = sum_e weight[e, h] * messages_src[u_e, h]`` for ``messages_src`` [num_src, H, F].
-
-    Differentiable in ``weight``; materialises [num_edges, H, F], so use for attention only.
-    """
+    Differentiable in ``weight``; materialises [num_edges, H, F], so use for attention only."""
     dst = block.dst_index() if dst is None else dst
     messages = messages_src[block.indices] * weight.unsqueeze(-1)
     out = messages_src.new_zeros((block.num_dst,) + tuple(messages_src.shape[1:]))

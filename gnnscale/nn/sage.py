@@ -9,11 +9,8 @@ from gnnscale.nn.ops import project_first, spmm_mean
 
 
 class SAGEConv(nn.Module):
-    """``h_v' = W_self h_v + W_neigh mean_{u in N(v)} h_u + b``.
-
-    Parameter layout matches ``dgl.nn.SAGEConv(aggregator_type="mean")``: ``lin_self``
-    carries the bias, ``lin_neigh`` has none.
-    """
+    """``h_v' = W_self h_v + W_neigh mean_{u in N(v)} h_u + b``.  Parameter layout matches
+    ``dgl.nn.SAGEConv(aggregator_type="mean")``: ``lin_self`` carries the bias, ``lin_neigh`` has none."""
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()

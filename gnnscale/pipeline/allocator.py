@@ -12,9 +12,8 @@ same way (``scripts/bench_single_process.py``).  PyTorch's CPU tensors and numpy
 size stays at its high-water mark instead of shrinking between steps.
 
 The same effect is available to any program through glibc's environment variables
-(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) or by preloading jemalloc/tcmalloc;
-this module applies it from inside: the training commands call it in ``main()`` unless
-``--no-keep-freed-memory``.
+(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) or by preloading jemalloc/tcmalloc; this module
+applies it from inside: the training commands call it in ``main()`` unless ``--no-keep-freed-memory``.
 """
 
 from __future__ import annotations

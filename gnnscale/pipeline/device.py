@@ -1,11 +1,10 @@
 """Moving loaded batches to the training device, overlapped with compute.
 
-On CUDA, batch ``i + 1`` is copied from its pinned host buffers on a side stream while
-the default stream computes batch ``i``; the default stream waits on the copy's event only
-when it reaches batch ``i + 1``, and the host slot is recycled only after that event.  With
-``features_on_device`` the whole feature table lives on the device: the loader gathers no
-rows, only ids (and block structure) cross the bus, and rows are selected on the device.
-On CPU everything is a no-op pass-through.
+On CUDA, batch ``i + 1`` is copied from its pinned host buffers on a side stream while the default stream
+computes batch ``i``; the default stream waits on the copy's event only when it reaches batch ``i + 1``,
+and the host slot is recycled only after that event.  With ``features_on_device`` the whole feature table
+lives on the device: the loader gathers no rows, only ids (and block structure) cross the bus, and rows
+are selected on the device.  On CPU everything is a no-op pass-through.
 
 No DGL import here: a GPU machine whose torch cannot load DGL runs this on saved batches
 (``scripts/gpu_pipeline_check.py``).
@@ -83,8 +82,7 @@ class DeviceFeeder:
             return item
         current = torch.cuda.current_stream(self.device)
         current.wait_event(event)
-        # The tensors were allocated on the side stream: tell the caching allocator that the
-        # default stream uses them too, so their memory is not reused while compute still reads it.
+        # Allocated on the side stream: tell the allocator the default stream uses them too (no early reuse).
         for tensor in _tensors(item):
             tensor.record_stream(current)
         return item

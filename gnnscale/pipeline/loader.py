@@ -9,25 +9,24 @@
 
 Design points:
 
-* **Workers are threads.**  Sampling (numpy), the compaction and row gathering (a compiled
-  kernel with software prefetch, :mod:`gnnscale.pipeline.native`) all run in C with the GIL
-  released, so threads overlap with the trainer's torch ops without pickling anything: feature rows are written once, by the worker, into a buffer
-  the trainer reads in place.
-* **Reused buffers.**  ``prefetch + num_workers + 2`` buffer slots are allocated once (and
-  grown when a batch needs more rows); a worker takes a slot before it takes a task, tasks are
-  handed out in batch order, and a slot comes back when the trainer asks for the batch after
-  next.  The lowest batch not yet delivered therefore always holds a slot, so the pipeline
-  cannot deadlock, and at most that many batches exist at once (bounded memory).
-  With ``pin_memory`` the slots are page-locked, so a copy to the GPU is a true async DMA.
-* **Determinism.**  Batch ``i`` of epoch ``e`` is sampled with its own generator,
-  ``numpy.random.default_rng((seed, e, i, rank))``, so batches are the same whatever the number of
-  workers and whichever worker takes which batch.
+* **Workers are threads.**  Sampling (numpy), the compaction and row gathering (a compiled kernel
+  with software prefetch, :mod:`gnnscale.pipeline.native`) all run in C with the GIL released, so
+  threads overlap with the trainer's torch ops without pickling anything: feature rows are written
+  once, by the worker, into a buffer the trainer reads in place.
+* **Reused buffers.**  ``prefetch + num_workers + 2`` buffer slots are allocated once (and grown
+  when a batch needs more rows); a worker takes a slot before it takes a task, tasks are handed out
+  in batch order, and a slot comes back when the trainer asks for the batch after next.  The lowest
+  batch not yet delivered therefore always holds a slot, so the pipeline cannot deadlock, and at
+  most that many batches exist at once (bounded memory).  With ``pin_memory`` the slots are
+  page-locked, so a copy to the GPU is a true async DMA.
+* **Determinism.**  Batch ``i`` of epoch ``e`` is sampled with ``default_rng((seed, e, i, rank))``, so
+  batches are the same whatever the number of workers and whichever worker takes which batch.
 * **Shutdown.**  Workers live for one pass over the data.  When the pass ends -- normally, by
   ``break``, by an exception in the trainer or a worker, or by Ctrl-C -- the pass's ``finally``
   stops and joins them (they check a stop flag between stages and never block forever), so no
   worker outlives the loop; a worker's exception is re-raised in the trainer at that batch.
-* **Time accounting.**  :class:`PassStats` splits each pass into the trainer's waiting time
-  (the device idle) and the workers' time per stage.
+* **Time accounting.**  :class:`PassStats` splits each pass into the trainer's waiting time (the
+  device idle) and the workers' time per stage.
 """
 
 from __future__ import annotations
@@ -79,14 +78,11 @@ class LoaderConfig:
     """Which rank's batch generators to draw: each rank samples its own independent stream."""
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0 (0 samples in the trainer's thread), got {self.num_workers}")
-        if self.prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        lower_bounds = (("batch_size", 1, ""), ("num_workers", 0, " (0 samples in the trainer's thread)"),
+                        ("prefetch", 0, ""), ("seed", 0, ""))
+        for name, low, note in lower_bounds:
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}{note}, got {getattr(self, name)}")
         if self.num_batches is not None and self.num_batches < 1:
             raise ValueError(f"num_batches must be >= 1, got {self.num_batches}")
 
@@ -137,8 +133,7 @@ def epoch_order(seeds: Tensor, *, shuffle: bool, seed: int, epoch: int) -> Tenso
 
 
 def batch_rng(seed: int, epoch: int, index: int, rank: int = 0) -> np.random.Generator:
-    """The sampling generator of batch ``index`` of pass ``epoch`` on ``rank``: independent of which thread
-    draws it."""
+    """The sampling generator of batch ``index`` of pass ``epoch`` on ``rank``, whichever thread draws it."""
     return np.random.default_rng((seed, epoch, index, rank))
 
 
@@ -175,8 +170,7 @@ class _Slot:
 
 
 class FeatureStore(Protocol):
-    """Where a batch's input rows come from when they are not rows of one local table (e.g.
-    :class:`gnnscale.distributed.feature_store.DistTable`)."""
+    """Where a batch's input rows come from when not from one local table (e.g. ``DistTable``)."""
 
     def gather_batch(self, batch: MiniBatch, out: Callable[[int, Tensor], Tensor]) -> tuple[MiniBatch, Tensor]:
         """The input rows of ``batch`` written into ``out(rows, template)``, and the batch renumbered to match."""

@@ -111,10 +111,8 @@ def native_available() -> bool:
 
 def gather_rows(table: Tensor, ids: Tensor, out: Tensor) -> Tensor:
     """``out[:] = table[ids]`` for a contiguous CPU ``table`` [N, ...] and int64 ``ids``; returns ``out``.
-
-    Falls back to ``torch.index_select`` where the kernel is unavailable or the tensors do not
-    fit it (not contiguous, not on the CPU, different dtypes).
-    """
+    Falls back to ``torch.index_select`` where the kernel is unavailable or the tensors do not fit it
+    (not contiguous, not on the CPU, different dtypes)."""
     kernel = _load()
     usable = (kernel is not None and table.device.type == "cpu" and table.is_contiguous() and out.is_contiguous()
               and ids.dtype == torch.int64 and table.dtype == out.dtype and out.shape[0] == ids.numel()

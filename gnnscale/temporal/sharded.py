@@ -197,8 +197,7 @@ class ShardedMemory:
         persist, mail = rows[~kind], rows[kind]
         persisted = persist[:, 1].to(torch.int64)
         if persisted.numel():
-            # A node several ranks persisted got the same row from each when K = 0; take the
-            # last rank's, so the choice does not depend on timing when K > 0 either.
+            # Persisted by several ranks (same row when K = 0): keep the last rank's, so timing never decides.
             unique, _, last = last_occurrence(persisted)
             target = unique.to(device)
             d = state.memory.shape[1]

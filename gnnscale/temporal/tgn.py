@@ -119,11 +119,9 @@ class TGN(nn.Module):
 
     def embed(self, memory: Tensor, nodes: Tensor, times: Tensor, neighborhood: Neighborhood,
               edge_features: Tensor | None) -> Tensor:
-        """Embeddings float [B, embedding_dim] of ``nodes`` at ``times`` (float64 [B]).
-
-        ``memory`` is the full updated memory from ``self.memory.updated()``; ``edge_features``
-        float [E, edge_dim] is indexed by the neighbourhood's event ids.
-        """
+        """Embeddings float [B, embedding_dim] of ``nodes`` at ``times`` (float64 [B]).  ``memory`` is the
+        full updated memory from ``self.memory.updated()``; ``edge_features`` float [E, edge_dim] is
+        indexed by the neighbourhood's event ids."""
         encoder = self.memory.time_encoder
         dt = (times.unsqueeze(1) - neighborhood.times).to(memory.dtype).clamp(min=0.0)
         pair = [encoder(dt)]

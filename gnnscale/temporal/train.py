@@ -7,12 +7,12 @@ random negative destination per event from their sampled past neighbours (strict
 events only), take a gradient step on the link loss, persist the batch's nodes' memory and store
 the batch's events as messages (see :mod:`gnnscale.temporal.memory`).
 
-On several ranks (under torchrun) every rank walks the same global batches: each takes the
-batch's events whose source it owns (:class:`~gnnscale.temporal.sharded.ShardedMemory` holds
-the node memory by owner), the gradients are summed across ranks (the loss is a sum over the
-rank's events divided by the global batch size, so the sum is the single-process mean), and
-every rank draws the same negatives.  With ``staleness=0``, recent-neighbour sampling and no
-dropout, the run is the single-process run up to float rounding (tested).
+On several ranks (under torchrun) every rank walks the same global batches: each computes its share
+of the batch's events, chosen by source owner (``event_split``; :class:`ShardedMemory` holds the
+node memory by owner), the gradients are summed across ranks (the loss is a sum over the rank's
+events divided by the global batch size, so the sum is the single-process mean), and every rank
+draws the same negatives.  With ``staleness=0``, recent-neighbour sampling and no dropout, the run
+is the single-process run up to float rounding (tested).
 
 Evaluation continues the stream from the memory reached at the end of training through the
 validation events (and on through the test events), over all events so far for neighbours, and
@@ -82,14 +82,12 @@ class TemporalTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.sampling not in ("recent", "uniform"):
-            raise ValueError(f"unknown sampling {self.sampling!r}; choose recent or uniform")
-        if self.event_split not in ("balanced", "owner"):
-            raise ValueError(f"unknown event_split {self.event_split!r}; choose balanced or owner")
-        if self.staleness < 0:
-            raise ValueError(f"staleness must be >= 0 global steps, got {self.staleness}")
-        if self.patience < 0:
-            raise ValueError(f"patience must be >= 0, got {self.patience}")
+        for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
+        for name, unit in (("staleness", " global steps"), ("patience", "")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0{unit}, got {getattr(self, name)}")
 
 
 def split_events(preferred: np.ndarray, world_size: int) -> np.ndarray:
@@ -191,9 +189,8 @@ class TemporalLinkTrainer:
         batch, when the caller has it (:meth:`local_positions`).
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
-        drawn from events before the batch's first event time, so no event of the batch (not even
-        an earlier one inside it) reaches its own embeddings.  Time encodings use each query's own time.
-        """
+        drawn from events before the batch's first event time, so no event of the batch (not even an
+        earlier one inside it) reaches its own embeddings.  Time encodings use each query's own time."""
         count = batch.size
         # Every rank draws the whole batch's negatives from the shared stream, and keeps its own events'.
         negatives = self.negatives.sample(count, rng)
@@ -279,8 +276,7 @@ class TemporalLinkTrainer:
         """One pass over the training events from zero memory; the mean global batch loss."""
         self.model.train()
         self.shard.reset()
-        # Dropout draws from torch's generator: reseeded per epoch (alike on every rank, as the batches
-        # are), so the run depends on --seed alone, not on what the process drew before.
+        # Dropout's generator, reseeded per epoch alike on every rank: the run depends on --seed alone.
         torch.manual_seed(epoch_seed(self.config.seed, epoch, 0))
         rng = np.random.default_rng((self.config.seed, epoch))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
@@ -296,10 +292,8 @@ class TemporalLinkTrainer:
     def evaluate(self, event_ids: np.ndarray, inductive: np.ndarray, rng: np.random.Generator, *,
                  ranking: bool = True) -> dict[str, float]:
         """Stream ``event_ids`` (continuing the current memory); metrics overall and on ``inductive`` events.
-
         ``ranking=False`` skips MRR (and its ``eval_negatives`` extra embeddings per event): the AP is
-        the same either way, the pass several times cheaper.
-        """
+        the same either way, the pass several times cheaper."""
         self.model.eval()
         eval_negatives = self.config.eval_negatives if ranking else 0
         self.shard.begin_pass()
@@ -375,11 +369,10 @@ class TemporalLinkTrainer:
         """Train with early stopping on validation AP; returns the metrics of the best epoch.
 
         Each epoch streams the validation events for AP only.  At the end the best epoch's model and
-        memory (as training left it) are restored and stream the validation then the test events
-        once more, with MRR; that pass repeats the best epoch's validation pass exactly (same
-        generators), so its validation AP is the one early stopping saw.  The memory is left where
-        the test stream leaves it.
-        """
+        memory (as training left it) are restored and stream the validation then the test events once
+        more, with MRR; that pass repeats the best epoch's validation pass exactly (same generators), so
+        its validation AP is the one early stopping saw.  The memory is left where the test stream
+        leaves it."""
         split, started = self.split, time.perf_counter()
         self._inductive = split.val_new_node | split.test_new_node
         self._overall = {"staleness_max": 0, "staleness_sum": 0.0, "remote_reads": 0}

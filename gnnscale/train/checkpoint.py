@@ -1,11 +1,10 @@
 """Atomic training checkpoints that load with ``torch.load(weights_only=True)``.
 
-A checkpoint holds plain containers of tensors and numbers only: model and optimizer
-state, the fit loop's state (the epoch just finished, the best epoch with its weights, the
-patience count, the history) and a fingerprint of the settings that must not change across a
-resume.  No RNG state: the trainer reseeds from ``(seed, epoch, rank)`` at every epoch.  It is
-written to a sibling temporary file and renamed into place, so a crash mid-write leaves the
-previous checkpoint intact.
+A checkpoint holds plain containers of tensors and numbers only: model and optimizer state, the fit
+loop's state (the epoch just finished, the best epoch with its weights, the patience count, the history)
+and a fingerprint of the settings that must not change across a resume.  No RNG state: the trainer
+reseeds from ``(seed, epoch, rank)`` at every epoch.  It is written to a sibling temporary file and
+renamed into place, so a crash mid-write leaves the previous checkpoint intact.
 """
 
 from __future__ import annotations

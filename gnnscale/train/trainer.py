@@ -4,10 +4,9 @@ Rank ``r`` of a world of ``N`` trains on partition ``r`` (a plain ``python`` run
 of one over :func:`partition.load.whole_graph_partition`).  Every rank
 
 * samples with :class:`samplers.distributed.DistNeighborSampler` -- in a world of one, exactly
-  the single-machine kernel -- inside a :class:`gnnscale.pipeline.PrefetchLoader` whose workers
-  also gather the input rows (a local table, or the :class:`DistTable` of features whose remote
-  rows come from their owners); on CUDA through pinned slots and a side stream
-  (:class:`DeviceFeeder`);
+  the single-machine kernel -- inside a :class:`gnnscale.pipeline.PrefetchLoader` whose workers also
+  gather the input rows (a local table, or the :class:`DistTable` of features whose remote rows come from
+  their owners); on CUDA through pinned slots and a side stream (:class:`DeviceFeeder`);
 * takes the same number of steps per epoch as every other rank (the rank with the most training
   nodes sets it), each rank's loss scaled so that DDP's average of gradients is the gradient of
   the mean loss over the whole step's seeds, as on one machine;
