@@ -57,6 +57,17 @@ def average_precision(scores: Tensor, labels: Tensor) -> float:
     return float(((recall - previous) * precision).sum())
 
 
+def per_batch_average_precision(positive: Tensor, negative: Tensor, batch: Tensor) -> float:
+    """TGN's AP: :func:`average_precision` of each batch's ``positive`` scores float [n] against its
+    ``negative`` scores float [n] (``batch`` int [n]: the batch of positive ``i`` and of its negative),
+    averaged over the batches present.  NaN without any."""
+    order = torch.argsort(batch, stable=True)
+    sizes = torch.unique_consecutive(batch[order], return_counts=True)[1].tolist()
+    aps = [average_precision(torch.cat([p, n]), torch.cat([torch.ones_like(p), torch.zeros_like(n)]))
+           for p, n in zip(positive[order].split(sizes), negative[order].split(sizes))]
+    return sum(aps) / len(aps) if aps else float("nan")
+
+
 def mean_reciprocal_rank(positive: Tensor, negatives: Tensor) -> float:
     """Mean of ``1 / rank`` of each ``positive`` score float [n] among itself and its row of ``negatives``
     float [n, K]; a tie counts half a place (the expected rank under random tie-breaking)."""

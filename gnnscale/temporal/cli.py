@@ -53,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                               "for MRR")
     loader = parser.add_argument_group("loader")
     loader.add_argument("--batch-size", type=int, default=200, help="consecutive events per step (on several "
-                        "ranks: the global batch). A batch never sees its own events, so smaller batches see more "
-                        "recent history: 20 reached Wikipedia's AP targets here, with 10x the steps per epoch")
+                        "ranks: the global batch). With --neighbor-cutoff batch a batch never sees its "
+                        "own events, so smaller batches see more recent history: 20 reached Wikipedia's AP "
+                        "targets here, with 10x the steps per epoch")
     loader.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
     loader.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
+    loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="batch", help="a query's "
+                        "neighbours are events strictly before its batch's first event (batch) or, as "
+                        "TGN/TGL, strictly before its own event (event: its batch's earlier events too)")
     dist = add_section(parser, "distributed")
     dist.add_argument("--staleness", type=int, default=0, metavar="K", help="the most global steps a read of "
                       "another rank's node memory may be behind its owner; 0 = synchronous, the single-process "
@@ -114,6 +118,7 @@ def run(args: argparse.Namespace) -> dict:
     out = args.out if args.out is not None else Path("runs") / (
         f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-k{args.staleness}" if env.is_distributed else ""))
     metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
+               "neighbor_cutoff": args.neighbor_cutoff,
                **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
                "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
@@ -142,7 +147,7 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  num_neighbors=args.num_neighbors, sampling=args.sampling,
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
                                  device=args.device, staleness=args.staleness,
-                                 event_split=args.event_split)
+                                 event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)

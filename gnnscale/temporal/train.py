@@ -19,6 +19,8 @@ validation events (and on through the test events), over all events so far for n
 reports for each split:
 
 * ``ap``: average precision of positives against one random negative destination each;
+* ``ap_per_batch``: TGN's AP, the same computed within each batch of ``batch_size`` events, then
+  averaged over the batches;
 * ``mrr``: mean reciprocal rank of each positive among ``eval_negatives`` random negative
   destinations (ties count half a place);
 * the same two restricted to the *inductive* events (touching a node never seen in training),
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
-from gnnscale.metrics import average_precision, mean_reciprocal_rank
+from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
 from gnnscale.temporal.memory import MemoryConfig
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
@@ -75,6 +77,10 @@ class TemporalTrainConfig:
     """Which rank computes an event of a global batch: ``owner`` of its source node, or ``balanced``:
     the source's owner up to an equal share of the batch per rank, the overflow to ranks with room
     (every step waits for the slowest rank, and bursts of one user's events are common)."""
+    neighbor_cutoff: str = "batch"
+    """Which past events a query's neighbours come from: those strictly before its ``batch``'s first
+    event time, or (TGN/TGL) those strictly before its own ``event``'s time, earlier events of its
+    own batch included."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives"):
@@ -82,7 +88,8 @@ class TemporalTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner"))):
+        for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
+                              ("neighbor_cutoff", ("batch", "event"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", "")):
@@ -189,8 +196,10 @@ class TemporalLinkTrainer:
         batch, when the caller has it (:meth:`local_positions`).
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
-        drawn from events before the batch's first event time, so no event of the batch (not even an
-        earlier one inside it) reaches its own embeddings.  Time encodings use each query's own time."""
+        drawn from events strictly before the batch's first event time (``neighbor_cutoff="batch"``: no
+        event of the batch reaches its embeddings) or strictly before each query's own event time
+        (``"event"``: earlier events of the batch do, the event itself and later ones never; a negative
+        has its positive's time).  Time encodings use each query's own time."""
         count = batch.size
         # Every rank draws the whole batch's negatives from the shared stream, and keeps its own events'.
         negatives = self.negatives.sample(count, rng)
@@ -202,7 +211,8 @@ class TemporalLinkTrainer:
         src, dst, t = self.src[local], self.dst[local], self.t[local]
         nodes = torch.cat([src, dst, torch.from_numpy(negatives).to(self.device)])
         times = torch.cat([t, t, t.repeat(1 + eval_negatives)])
-        cutoff = torch.full_like(times, float(self.events.t[batch[0]]))
+        cutoff = times if self.config.neighbor_cutoff == "event" else \
+            torch.full_like(times, float(self.events.t[batch[0]]))
         # The ranking negatives' neighbours ("uniform" draws) from their own stream as well.
         base = 3 * positions.size
         parts = [self._neighborhood(sampler, nodes[:base], cutoff[:base], self.sample_rng, event_map)]
@@ -310,13 +320,17 @@ class TemporalLinkTrainer:
         scored = self.shard.exchanger.all_gather_rows(torch.cat(rows))
         scored = scored[torch.argsort(scored[:, 0])]
         pos_all, neg_all, mrr_all = scored[:, 1].float(), scored[:, 2].float(), scored[:, 3:].float()
-        new = torch.from_numpy(inductive[scored[:, 0].long().numpy()])
+        ids = scored[:, 0].long().numpy()
+        new = torch.from_numpy(inductive[ids])
+        # The batch of each scored event (event_ids increase, as _batches cuts them).
+        batch_of = torch.from_numpy(np.searchsorted(event_ids, ids) // self.config.batch_size)
         result = {}
         for suffix, keep in (("", torch.ones_like(new)), ("_inductive", new)):
             p, n = pos_all[keep], neg_all[keep]
             scores = torch.cat([p, n])
             labels = torch.cat([torch.ones_like(p), torch.zeros_like(n)])
             result[f"ap{suffix}"] = average_precision(scores, labels)
+            result[f"ap_per_batch{suffix}"] = per_batch_average_precision(p, n, batch_of[keep])
             if ranking:
                 result[f"mrr{suffix}"] = mean_reciprocal_rank(p, mrr_all[keep])
             result[f"events{suffix}"] = int(keep.sum())
@@ -360,8 +374,9 @@ class TemporalLinkTrainer:
         return staleness
 
     def _log_epoch(self, record: dict, state: FitState) -> None:
-        log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (inductive %.4f)%s", record["epoch"], record["loss"],
-                 record["train_seconds"], record["val_ap"], record["val_ap_inductive"], "" if self.world_size == 1
+        log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (per batch %.4f, inductive %.4f)%s",
+                 record["epoch"], record["loss"], record["train_seconds"], record["val_ap"],
+                 record["val_ap_per_batch"], record["val_ap_inductive"], "" if self.world_size == 1
                  else f"  staleness max {record['staleness_max']} mean {record['staleness_mean']:.3f} "
                       f"(K={self.config.staleness}, {record['remote_read_fraction']:.0%} of reads remote)")
 
@@ -388,8 +403,10 @@ class TemporalLinkTrainer:
         test = self.evaluate(np.flatnonzero(split.test), self._inductive, rng)
         self._read_staleness()
         best.update({f"val_{k}": v for k, v in val.items()}, **{f"test_{k}": v for k, v in test.items()})
-        log.info("best epoch %d: val AP %.4f (inductive %.4f), test AP %.4f (inductive %.4f), test MRR %.4f",
-                 best["epoch"], val["ap"], val["ap_inductive"], test["ap"], test["ap_inductive"], test["mrr"])
+        log.info("best epoch %d (neighbour cutoff %s): val AP %.4f (inductive %.4f), test AP %.4f "
+                 "(per batch %.4f, inductive %.4f), test MRR %.4f", best["epoch"],
+                 self.config.neighbor_cutoff, val["ap"], val["ap_inductive"], test["ap"],
+                 test["ap_per_batch"], test["ap_inductive"], test["mrr"])
         overall = self._overall
         best.update(best_epoch=best["epoch"], epochs_run=len(state.history), seconds=time.perf_counter() - started,
                     history=state.history, staleness_max_run=overall["staleness_max"],
