@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from gnnscale.data.temporal import TemporalEvents, chronological_split
+from gnnscale.metrics import average_precision, per_batch_average_precision
 from gnnscale.temporal import MemoryConfig, TGNConfig
 from gnnscale.temporal.cli import main
 from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
@@ -25,32 +28,56 @@ def stream(num_events: int = 600, num_nodes: int = 40, seed: int = 0, dst: np.nd
                           num_nodes=num_nodes, name="toy")
 
 
-def trainer_for(events: TemporalEvents) -> TemporalLinkTrainer:
+def trainer_for(events: TemporalEvents, neighbor_cutoff: str = "batch") -> TemporalLinkTrainer:
     split = chronological_split(events, seed=0)
     return TemporalLinkTrainer(events, split, memory_config=MemoryConfig(memory_dim=8, time_dim=8),
                                tgn_config=TGNConfig(embedding_dim=8, heads=2, dropout=0.0),
-                               config=TemporalTrainConfig(batch_size=50, num_neighbors=5, seed=3))
+                               config=TemporalTrainConfig(batch_size=50, num_neighbors=5, seed=3,
+                                                          neighbor_cutoff=neighbor_cutoff))
 
 
-def test_a_batch_never_sees_its_own_events():
-    """Batch b's embeddings are the same whatever batch b's events are: rewire the destinations of
-    batch b (and of nothing else) and the sources' embeddings of batch b must not move."""
-    original = stream()
-    batch = np.arange(300, 350)
+def embed_after_history(events: TemporalEvents, batch: np.ndarray, neighbor_cutoff: str = "batch") -> Tensor:
+    """``[src; dst; negative]`` embeddings of ``batch`` after streaming the batches of 50 before it."""
+    trainer = trainer_for(events, neighbor_cutoff)
+    trainer.model.eval()
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for start in range(0, int(batch[0]), 50):
+            trainer._step(np.arange(start, start + 50), trainer.full_sampler, None, rng, train=False)
+        return trainer.embed_batch(batch, trainer.full_sampler, None, np.random.default_rng(1))[0]
+
+
+@pytest.mark.parametrize("neighbor_cutoff", ["batch", "event"])
+def test_no_query_sees_what_its_cutoff_forbids(neighbor_cutoff):
+    """Rewire the destinations of every event from a point on: the embeddings of the sources and of the
+    negatives of batch b's queries that may not see that point must not move.  ``batch``: from batch b's
+    first event, and no query of the batch moves; ``event``: from the first of three events sharing a
+    time mid-batch, and no query up to that time moves (none sees its own event, one at its own time or
+    a later one), while the later ones do."""
+    original, batch = stream(), np.arange(300, 350)
+    start = 300 if neighbor_cutoff == "batch" else int(np.searchsorted(original.t, original.t[313]))
+    assert start == 300 or (start == 311 and original.t[311] == original.t[313] < original.t[314])
     rewired_dst = original.dst.copy()
-    rewired_dst[batch] = np.roll(rewired_dst[batch], 7)  # same destination pool, different pairs
-    rewired = stream(dst=rewired_dst)
-    embeddings = []
-    for events in (original, rewired):
-        trainer = trainer_for(events)
-        trainer.model.eval()
-        rng = np.random.default_rng(0)
-        with torch.no_grad():
-            for start in range(0, 300, 50):  # identical history in both streams
-                trainer._step(np.arange(start, start + 50), trainer.full_sampler, None, rng, train=False)
-            z, _, _ = trainer.embed_batch(batch, trainer.full_sampler, None, np.random.default_rng(1))
-        embeddings.append(z[:batch.size])
-    torch.testing.assert_close(embeddings[0], embeddings[1], rtol=0, atol=0)
+    rewired_dst[start:] = np.roll(rewired_dst[start:], 7)  # same destination pool, different pairs
+    z = [embed_after_history(events, batch, neighbor_cutoff) for events in (original, stream(dst=rewired_dst))]
+    unseen = torch.from_numpy(original.t[batch] <= original.t[start]) if neighbor_cutoff == "event" else \
+        torch.ones(50, dtype=torch.bool)
+    for rows in (slice(0, 50), slice(100, 150)):  # sources, negatives (destinations were rewired)
+        torch.testing.assert_close(z[0][rows][unseen], z[1][rows][unseen], rtol=0, atol=0)
+    if neighbor_cutoff == "event":
+        assert not torch.equal(z[0][:50][~unseen], z[1][:50][~unseen])
+
+
+def test_event_cutoff_sees_earlier_events_of_its_own_batch():
+    """A source's embedding differs between the rules exactly when the source took part in an event at
+    or after the batch's first time and before its own event's time (seen by ``event`` only)."""
+    events, batch = stream(), np.arange(300, 350)
+    by_batch, by_event = (embed_after_history(events, batch, cutoff)[:50] for cutoff in ("batch", "event"))
+    first = events.t[300]
+    in_between = [bool(np.any(((events.src == events.src[i]) | (events.dst == events.src[i]))
+                              & (events.t >= first) & (events.t < events.t[i]))) for i in batch]
+    differs = [not torch.equal(a, b) for a, b in zip(by_batch, by_event)]
+    assert differs == in_between and any(differs) and not all(differs)
 
 
 def test_the_next_batch_does_see_the_rewired_events():
@@ -96,8 +123,10 @@ def test_tgn_learns_collegemsg(dataset_dir, tmp_path):
                  "--time-dim", "32", "--embedding-dim", "32", "--eval-negatives", "5", "--out", str(out),
                  "--quiet"]) == 0
     metrics = read_strict_json(out / "metrics.json")
-    for key in ("val_ap", "test_ap", "test_ap_inductive", "test_mrr", "test_mrr_inductive", "val_ap_inductive"):
+    for key in ("val_ap", "test_ap", "test_ap_inductive", "test_mrr", "test_mrr_inductive", "val_ap_inductive",
+                "test_ap_per_batch", "test_ap_per_batch_inductive", "val_ap_per_batch"):
         assert 0.0 <= metrics[key] <= 1.0, key
+    assert metrics["neighbor_cutoff"] == "batch" and "val_ap_per_batch" in metrics["history"][0]
     assert metrics["test_ap"] > 0.62  # a random scorer gives 0.5; this one epoch gave 0.689 in CI
     assert metrics["test_mrr"] > 1 / 6  # random ranking among 1 + 5 candidates averages about 0.41; learnt is higher
     assert metrics["test_events_inductive"] > 0
@@ -108,8 +137,11 @@ def test_tgn_learns_collegemsg(dataset_dir, tmp_path):
     (["--dataset", "wikipedia", "--new-node-fraction", "1.5"], "--new-node-fraction must be >= 0 and < 1, got 1.5 (default 0.1)"),
     (["--dataset", "csv", "--data-dir", "/nonexistent/events.csv"], "/nonexistent/events.csv"),
     (["--dataset", "collegemsg", "--data-dir", "/nonexistent", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--config", "recipe.toml"], "recipe.toml: argument --neighbor-cutoff: invalid choice: 'tgn'"),
 ])
 def test_cli_errors_are_one_line_and_write_nothing(argv, message, tmp_path, capsys):
+    (tmp_path / "recipe.toml").write_text('neighbor-cutoff = "tgn"\n')
+    argv = [str(tmp_path / arg) if arg == "recipe.toml" else arg for arg in argv]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
@@ -121,6 +153,38 @@ def test_train_config_errors():
         TemporalTrainConfig(sampling="latest")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         TemporalTrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="unknown neighbor_cutoff 'tgn'; choose batch or event"):
+        TemporalTrainConfig(neighbor_cutoff="tgn")
+
+
+def test_a_bad_neighbor_cutoff_on_the_command_line_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--neighbor-cutoff", "tgn"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: argument --neighbor-cutoff: invalid choice: 'tgn'")
+
+
+def test_per_batch_ap_is_the_mean_of_each_batchs_ap():
+    """By hand: batch 0 ranks +,-,+,- (AP (1 + 2/3) / 2 = 5/6), batch 1 ranks -,+ (AP 1/2): mean 2/3.
+    Pooled, the six scores rank +,-,-,+,+,- : AP (1 + 2/4 + 3/5) / 3 = 0.7."""
+    pos, neg = torch.tensor([0.9, 0.3, 0.4]), torch.tensor([0.6, 0.7, 0.1])
+    batch = torch.tensor([0, 1, 0])  # in any order
+    assert per_batch_average_precision(pos, neg, batch) == pytest.approx(2 / 3, abs=1e-12)
+    assert average_precision(torch.cat([pos, neg]), torch.tensor([1, 1, 1, 0, 0, 0])) == pytest.approx(0.7)
+    assert math.isnan(per_batch_average_precision(pos[:0], neg[:0], batch[:0]))
+
+
+def test_event_cutoff_run_writes_its_rule_and_per_batch_ap(tmp_path):
+    events = stream(num_events=300, num_nodes=30)
+    np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
+    assert main(["--dataset", "npz", "--data-dir", str(tmp_path / "events.npz"), "--epochs", "1", "--memory-dim",
+                 "8", "--time-dim", "8", "--embedding-dim", "8", "--eval-negatives", "2", "--batch-size", "1000",
+                 "--neighbor-cutoff", "event", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    metrics = read_strict_json(tmp_path / "run" / "metrics.json")
+    assert metrics["neighbor_cutoff"] == metrics["args"]["neighbor_cutoff"] == "event"
+    # One batch per split: TGN's per-batch AP is the AP over all events.
+    assert metrics["test_ap_per_batch"] == metrics["test_ap"] and metrics["val_ap_per_batch"] == metrics["val_ap"]
 
 
 @pytest.mark.parametrize("sampling", ["recent", "uniform"])
