@@ -33,7 +33,8 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
                           labels=None, num_nodes=num_nodes, name="toy")
 
 
-def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False):
+def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
+          neighbor_cutoff: str = "batch"):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
@@ -41,7 +42,8 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
     trainer = TemporalLinkTrainer(events, split, memory_config=MemoryConfig(memory_dim=16, time_dim=16),
                                   tgn_config=TGNConfig(embedding_dim=16, heads=2, dropout=0.0),
                                   config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
-                                                             lr=1e-3, staleness=staleness, patience=0),
+                                                             lr=1e-3, staleness=staleness, patience=0,
+                                                             neighbor_cutoff=neighbor_cutoff),
                                   runtime=runtime, owner=owner, record=record)
     trainer.model.double()
     return trainer
@@ -59,13 +61,15 @@ def ranks_job(rank: int, method: str) -> dict:
         train = split.train
         owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, runtime.world_size,
                                        method=method, seed=0)
-        for k in STALENESS:
-            trainer = build(events, k, runtime, owner, record=True)
+        # Keyed by K (batch cutoff), and "event": K = 0 with TGN's per-event neighbour cutoff.
+        for key, k, cutoff in [(k, k, "batch") for k in STALENESS] + [("event", 0, "event")]:
+            trainer = build(events, k, runtime, owner, record=True, neighbor_cutoff=cutoff)
             metrics = trainer.fit()
             reads, writes = trainer.shard.log.arrays()
-            results[k] = {"memory": trainer.model.memory.state.memory.numpy().copy(),
+            results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(),
                           "owned": trainer.shard.owned.numpy().copy(),
                           "test_ap": metrics["test_ap"], "val_ap": metrics["val_ap"],
+                          "test_ap_per_batch": metrics["test_ap_per_batch"],
                           "staleness_max": metrics["staleness_max_run"],
                           "staleness_mean": metrics["staleness_mean_run"],
                           "remote_reads": metrics["remote_reads_run"], "reads": reads, "writes": writes,
@@ -82,26 +86,29 @@ def two_ranks() -> list[dict]:
     return run_ranks(ranks_job, 2, "random", timeout=300.0)
 
 
-@pytest.fixture(scope="module")
-def single() -> dict:
+@pytest.fixture(scope="module", params=["batch", "event"])
+def single(request) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = build(stream(), 0)
+        trainer = build(stream(), 0, neighbor_cutoff=request.param)
         metrics = trainer.fit()
     finally:
         torch.set_num_threads(threads)
-    return {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics}
+    return {"memory": trainer.model.memory.state.memory.numpy().copy(), "cutoff": request.param, **metrics}
 
 
 def test_k0_on_two_ranks_is_the_single_process_run(two_ranks, single):
+    """For either neighbour cutoff."""
     for rank in range(2):
-        got = two_ranks[rank][0]
+        got = two_ranks[rank][0 if single["cutoff"] == "batch" else "event"]
         # Both ranks' tables, owned rows and replica rows alike, after two epochs and the final evaluation.
         np.testing.assert_allclose(got["memory"], single["memory"], atol=1e-5, rtol=0)
         assert abs(got["test_ap"] - single["test_ap"]) <= 0.002
+        assert abs(got["test_ap_per_batch"] - single["test_ap_per_batch"]) <= 0.002
         assert abs(got["loss"] - single["loss"]) <= 1e-5
     assert two_ranks[0][0]["remote_reads"] > 0  # the ranks really read each other's nodes
+    assert two_ranks[0]["event"]["loss"] != two_ranks[0][0]["loss"]  # the cutoff reached the ranks
 
 
 @pytest.mark.parametrize("k", STALENESS)
