@@ -23,7 +23,7 @@ reports for each split:
   averaged over the batches;
 * ``mrr``: mean reciprocal rank of each positive among ``eval_negatives`` random negative
   destinations (ties count half a place);
-* the same two restricted to the *inductive* events (touching a node never seen in training),
+* the same, restricted to the *inductive* events (touching a node never seen in training),
   scored in the same pass.
 """
 
