@@ -23,7 +23,8 @@ def adjacency(block: Block, edge_weight: Tensor | None = None, dtype: torch.dtyp
                                                                      device=block.indptr.device)
     with warnings.catch_warnings():  # torch's one-off "sparse CSR support is in beta": the ops we use are stable
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-        # Our blocks are valid by construction; newer torch warns on every call unless told so.
+        # Unchecked: a row's columns are unsorted (repeated in a multigraph), which the invariant check
+        # rejects but the row-by-row products do not need (tests compare them with dense products).
         return torch.sparse_csr_tensor(block.indptr, block.indices, values.to(dtype),
                                        size=(block.num_dst, block.num_src), check_invariants=False)
 
