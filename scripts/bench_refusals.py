@@ -20,7 +20,6 @@ to ``--out`` as JSON; the exit status is 1 when a case misses the limit or is no
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from partition.format import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train_node_classification.py")]
@@ -52,7 +53,7 @@ def rehash(parts: Path, rel: str) -> None:
     """Record ``rel``'s new size and sha256 in the manifest, as a tool that rewrote it would."""
     manifest = json.loads((parts / "manifest.json").read_text())
     path = parts / rel
-    manifest["files"][rel].update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), bytes=path.stat().st_size)
+    manifest["files"][rel].update(sha256=sha256_file(path), bytes=path.stat().st_size)
     (parts / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
