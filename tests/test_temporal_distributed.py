@@ -1,5 +1,6 @@
 """TGN on 2 gloo ranks with node memory sharded by owner: K = 0 is the single-process run, and no
-read is ever more than K global steps behind its owner.
+read is ever more than K global steps behind its owner.  With memory parallelism (a whole memory per
+rank, each on its own time segment) evaluation starts from the memory a single process reaches.
 
 One spawned job trains every configuration in a loop (importing torch twice on two cores costs
 more than the runs).  The staleness bound is checked twice: by the trainer's own counters, and
@@ -34,7 +35,7 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
-          neighbor_cutoff: str = "batch"):
+          neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent"):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
@@ -42,8 +43,9 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
     trainer = TemporalLinkTrainer(events, split, memory_config=MemoryConfig(memory_dim=16, time_dim=16),
                                   tgn_config=TGNConfig(embedding_dim=16, heads=2, dropout=0.0),
                                   config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
-                                                             lr=1e-3, staleness=staleness, patience=0,
-                                                             neighbor_cutoff=neighbor_cutoff),
+                                                             lr=lr, staleness=staleness, patience=0,
+                                                             neighbor_cutoff=neighbor_cutoff, sampling=sampling,
+                                                             parallelism=parallelism),
                                   runtime=runtime, owner=owner, record=record)
     trainer.model.double()
     return trainer
@@ -75,6 +77,13 @@ def ranks_job(rank: int, method: str) -> dict:
                           "remote_reads": metrics["remote_reads_run"], "reads": reads, "writes": writes,
                           "loss": metrics["loss"],
                           "best_epoch_val_ap": metrics["history"][metrics["best_epoch"] - 1]["val_ap"]}
+        # Memory groups: weights held still (lr 1e-12), so each group's memory depends on the stream alone;
+        # then trained, with uniform neighbours (each group draws its own).
+        for key, lr, sampling in (("memory-still", 1e-12, "recent"), ("memory", 1e-3, "uniform")):
+            trainer = build(events, 0, runtime, parallelism="memory", lr=lr, sampling=sampling)
+            metrics = trainer.fit()
+            results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics,
+                            "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()}
         runtime.barrier()
     finally:
         runtime.close()
@@ -116,6 +125,66 @@ def test_final_pass_repeats_the_best_epochs_validation_for_any_k(two_ranks, k):
     # Every pass refreshes the replicas at the same points of its own steps (begin_pass).
     for rank in range(2):
         assert two_ranks[rank][k]["val_ap"] == two_ranks[rank][k]["best_epoch_val_ap"]
+
+
+def test_memory_groups_evaluate_from_the_memory_one_process_reaches(two_ranks):
+    """Rank 1 replays segment 0 in epoch 1, rank 0 carries its memory on into segment 1 in epoch 2:
+    either way the memory evaluation starts from is the single process's."""
+    trainer = build(stream(), 0, lr=1e-12)
+    single = trainer.fit()
+    for rank in range(2):
+        got = two_ranks[rank]["memory-still"]
+        np.testing.assert_allclose(got["memory"], trainer.model.memory.state.memory.numpy(), atol=1e-6, rtol=0)
+        for epoch in range(2):
+            assert got["history"][epoch]["val_ap"] == pytest.approx(single["history"][epoch]["val_ap"], abs=1e-6)
+    # The groups trained on different segments: their losses are not the single process's epoch losses.
+    assert two_ranks[0]["memory-still"]["history"][0]["loss"] != pytest.approx(single["history"][0]["loss"], abs=1e-6)
+
+
+def test_memory_groups_agree_on_weights_and_metrics_and_learn(two_ranks):
+    first, second = two_ranks[0]["memory"], two_ranks[1]["memory"]
+    np.testing.assert_array_equal(first["weights"], second["weights"])
+    np.testing.assert_array_equal(first["memory"], second["memory"])
+    assert [r["val_ap"] for r in first["history"]] == [r["val_ap"] for r in second["history"]]
+    assert first["test_ap"] == second["test_ap"] and first["parallelism"] == "memory"
+    assert first["remote_reads_run"] == 0 and len(first["peak_rss_mib_per_rank"]) == 2
+    still = two_ranks[0]["memory-still"]  # the same run with weights held still: training helped
+    assert first["val_ap"] > still["val_ap"] + 0.03
+
+
+def test_one_memory_group_is_one_process():
+    events = stream()
+    runs = [build(events, 0, parallelism=mode) for mode in ("sharded", "memory")]
+    sharded, memory = (trainer.fit() for trainer in runs)
+    np.testing.assert_array_equal(runs[0].model.memory.state.memory.numpy(), runs[1].model.memory.state.memory.numpy())
+    assert sharded["test_ap"] == memory["test_ap"] and sharded["loss"] == memory["loss"]
+
+
+def test_memory_groups_cover_the_stream_once_per_epoch_and_walk_it_in_order():
+    trainer = build(stream(), 0)
+    batches = trainer._batches(trainer.train_event_ids)
+    trainer.groups, state = 3, trainer.model.memory.state
+    length = -(-len(batches) // 3)
+    walked = {rank: [] for rank in range(3)}
+    for epoch in (1, 2, 3, 4):
+        seen = []
+        for rank in range(3):
+            trainer.rank = rank
+            state.memory.fill_(float(rank + 1))
+            trainer._own_memory = state.state_dict()
+            own = trainer._enter_segment(batches, epoch)
+            assert len(own) == length  # every group takes the same number of steps
+            mine = [b for b in own if b is not None]
+            seen += mine
+            walked[rank] += [int(b[0]) for b in mine]
+            carried = bool((state.memory == rank + 1).all())
+            # Carried on from the group's last epoch, except at the stream's start and in epoch 1 (replayed).
+            assert carried == (epoch > 1 and int(mine[0][0]) != int(batches[0][0]))
+        assert np.array_equal(np.sort(np.concatenate(seen)), trainer.train_event_ids)
+    for starts in walked.values():  # on through the stream, back to its start once in 3 epochs
+        steps = np.diff(starts)
+        assert np.all((steps > 0) | (np.array(starts[1:]) == batches[0][0]))
+        assert np.sum(steps < 0) == 1
 
 
 def brute_force_staleness(reads: np.ndarray, writes_by_node: dict[int, np.ndarray]) -> np.ndarray:

@@ -93,6 +93,13 @@ class Exchanger:
             self._keep(values)
         return values
 
+    def broadcast(self, values: Tensor, src: int) -> Tensor:
+        """In-place broadcast of a CPU tensor from rank ``src`` of the group (identity in a world of one)."""
+        if self.group is not None:
+            dist.broadcast(values, src=dist.get_global_rank(self.group, src), group=self.group)
+            self._keep(values)
+        return values
+
     def all_gather_rows(self, rows: Tensor) -> Tensor:
         """Concatenate every rank's ``rows`` (any number per rank) in rank order."""
         if self.group is None:

@@ -2,7 +2,9 @@
 
 ``python scripts/train_temporal.py ...`` trains in one process; ``torchrun --nproc_per_node=N
 scripts/train_temporal.py ... --staleness K`` trains on N ranks with the node memory sharded by
-owner (a METIS partition of the training interactions) and replicas at most K steps behind.
+owner (a METIS partition of the training interactions) and replicas at most K steps behind;
+``--parallelism memory`` makes every rank a memory group with a whole memory and its own time
+segment of the training stream (DistTGL's memory parallelism).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "neighbours are events strictly before its batch's first event (batch) or, as "
                         "TGN/TGL, strictly before its own event (event: its batch's earlier events too)")
     dist = add_section(parser, "distributed")
+    dist.add_argument("--parallelism", choices=("sharded", "memory"), default="sharded", help="sharded: one node "
+                      "memory owned by rank, every rank a share of each global batch; memory: every rank holds a "
+                      "whole memory and trains on its own time segment, gradients averaged each step (DistTGL)")
     dist.add_argument("--staleness", type=int, default=0, metavar="K", help="the most global steps a read of "
                       "another rank's node memory may be behind its owner; 0 = synchronous, the single-process "
                       "semantics")
@@ -80,10 +85,18 @@ def _one_process(args: argparse.Namespace, world_size: int) -> bool:
     return world_size == 1
 
 
+def _memory_groups(args: argparse.Namespace, world_size: int) -> bool:
+    return world_size > 1 and args.parallelism == "memory"
+
+
 NO_EFFECT = (
     NoEffect("--staleness", _one_process, "one process reads every node memory exactly"),
     NoEffect("--partition-method", _one_process, "one process owns every node memory"),
     NoEffect("--event-split", _one_process, "one process computes every event"),
+    NoEffect("--parallelism", _one_process, "one process is one memory group"),
+    NoEffect("--staleness", _memory_groups, "each memory group reads its own whole memory exactly"),
+    NoEffect("--partition-method", _memory_groups, "each memory group holds every node memory"),
+    NoEffect("--event-split", _memory_groups, "each memory group computes all events of its batches"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
 )
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
@@ -116,23 +129,26 @@ def run(args: argparse.Namespace) -> dict:
     else:
         best = _train_distributed(args, events, split, env)
     out = args.out if args.out is not None else Path("runs") / (
-        f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-k{args.staleness}" if env.is_distributed else ""))
+        f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-" + (
+            "memory" if args.parallelism == "memory" else f"k{args.staleness}") if env.is_distributed else ""))
     metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
+               "parallelism": best["parallelism"] if env.is_distributed else "none",
                "neighbor_cutoff": args.neighbor_cutoff,
                **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
                "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
                "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
                "remote_read_fraction": best["remote_read_fraction"],
+               "peak_rss_mib_per_rank": best["peak_rss_mib_per_rank"],
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "history": best["history"]}
     if env.is_main:
         from gnnscale.train.cli import write_json_atomic
 
         write_json_atomic(out / "metrics.json", metrics)
-        ranks = "" if not env.is_distributed else (
-            f" on {env.world_size} ranks (K={args.staleness}: staleness max {metrics['staleness_max']}, "
-            f"mean {metrics['staleness_mean']:.3f})")
+        ranks = "" if not env.is_distributed else f" on {env.world_size} ranks" + (
+            " (memory groups)" if args.parallelism == "memory" else f" (K={args.staleness}: staleness max "
+            f"{metrics['staleness_max']}, mean {metrics['staleness_mean']:.3f})")
         print(f"{events.name} tgn{ranks}: test AP {metrics['test_ap']:.4f} (inductive "
               f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f};"
               f" best epoch {best['best_epoch']}/{best['epochs_run']} -> {out / 'metrics.json'}", flush=True)
@@ -147,7 +163,8 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  num_neighbors=args.num_neighbors, sampling=args.sampling,
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
                                  device=args.device, staleness=args.staleness,
-                                 event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff)
+                                 event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
+                                 parallelism=args.parallelism)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)
@@ -166,6 +183,8 @@ def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
     from gnnscale.temporal.sharded import partition_interactions
 
     with joined_job(env, args.device, args.failure_timeout) as runtime:
+        if args.parallelism == "memory":  # every group holds every node: no owners
+            return _train(args, events, split, runtime=runtime, owner=None)
         owner = torch.zeros(events.num_nodes, dtype=torch.int64)
         if env.rank == 0:
             start = time.perf_counter()

@@ -12,7 +12,18 @@ of the batch's events, chosen by source owner (``event_split``; :class:`ShardedM
 node memory by owner), the gradients are summed across ranks (the loss is a sum over the rank's
 events divided by the global batch size, so the sum is the single-process mean), and every rank
 draws the same negatives.  With ``staleness=0``, recent-neighbour sampling and no dropout, the run
-is the single-process run up to float rounding (tested).
+is the single-process run up to float rounding (tested).  That is ``parallelism="sharded"``.
+
+With ``parallelism="memory"`` (DistTGL's memory parallelism) every rank is a *memory group*: it
+holds a whole node memory of its own and trains on its own contiguous segment of the training
+stream, and the gradients of the R groups' batches are averaged every step, so each group keeps
+the small batch accuracy needs while an epoch takes 1/R of the steps.  The stream is cut into R
+segments of equal step count; in epoch ``e`` group ``g`` trains on segment ``(g + e - 1) mod R``,
+so each group's memory walks the stream without a break: it carries on from where the group's
+previous epoch ended and is reset only where the stream starts again.  In epoch 1 a group that
+starts mid-stream first replays the earlier segments through its memory alone (no embeddings, no
+gradients).  Evaluation continues from the memory of the group that has just trained on the last
+segment, which every rank receives and evaluates alike.
 
 Evaluation continues the stream from the memory reached at the end of training through the
 validation events (and on through the test events), over all events so far for neighbours, and
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import resource
 import time
 from dataclasses import dataclass
 
@@ -81,6 +93,9 @@ class TemporalTrainConfig:
     """Which past events a query's neighbours come from: those strictly before its ``batch``'s first
     event time, or (TGN/TGL) those strictly before its own ``event``'s time, earlier events of its
     own batch included."""
+    parallelism: str = "sharded"
+    """Several ranks: ``sharded`` (one memory, owned by rank; every rank computes a share of each global
+    batch) or ``memory`` (each rank a memory group with a whole memory and its own time segment)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives"):
@@ -89,7 +104,7 @@ class TemporalTrainConfig:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
-                              ("neighbor_cutoff", ("batch", "event"))):
+                              ("neighbor_cutoff", ("batch", "event")), ("parallelism", ("sharded", "memory"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", "")):
@@ -121,7 +136,7 @@ class TemporalLinkTrainer:
         events: the whole stream (``gnnscale.data.temporal.TemporalEvents``).
         split: its ``chronological_split``.
         runtime: the process groups of a multi-rank job (``None``: one process).
-        owner: int64 [num_nodes], the rank owning each node's memory (several ranks; see
+        owner: int64 [num_nodes], the rank owning each node's memory (several ranks, sharded; see
             :func:`~gnnscale.temporal.sharded.partition_interactions`).
         record: keep every remote read and owned write (tests; :class:`ShardedMemory`).
     """
@@ -135,8 +150,11 @@ class TemporalLinkTrainer:
         self.rank = 0 if runtime is None else runtime.rank
         self.world_size = 1 if runtime is None else runtime.world_size
         self.device = torch.device(config.device) if runtime is None else runtime.device
-        if owner is None:
-            if self.world_size > 1:
+        # Memory parallelism: every rank a group with a whole memory; the memory is then sharded over one rank.
+        self.groups = self.world_size if config.parallelism == "memory" else 1
+        shards = self.world_size // self.groups
+        if owner is None or shards == 1:
+            if shards > 1:
                 raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
             owner = np.zeros(events.num_nodes, dtype=np.int64)
         with torch.random.fork_rng(devices=[]):  # seeded weights, the global generator untouched
@@ -145,10 +163,10 @@ class TemporalLinkTrainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
+        self.comm = Exchanger(None if runtime is None else runtime.sample_group, self.rank, self.world_size)
         self.shard = ShardedMemory(self.model.memory, torch.from_numpy(np.asarray(owner, dtype=np.int64)),
                                    staleness=config.staleness, record=record,
-                                   exchanger=Exchanger(None if runtime is None else runtime.sample_group,
-                                                       self.rank, self.world_size))
+                                   exchanger=self.comm if shards > 1 else Exchanger(None, 0, 1))
         # Who computes each event: the owner of its source, balanced per batch (see split_events).
         self.event_owner = np.asarray(owner)[events.src]
         train = np.flatnonzero(split.train)
@@ -181,7 +199,7 @@ class TemporalLinkTrainer:
 
     def local_positions(self, batch: np.ndarray) -> np.ndarray:
         """Positions in the global ``batch`` of the events this rank computes (all of them on one rank)."""
-        if self.world_size == 1:
+        if self.shard.world_size == 1:
             return np.arange(batch.size)
         ranks = self.event_owner[batch]
         if self.config.event_split == "balanced":
@@ -237,11 +255,7 @@ class TemporalLinkTrainer:
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
         loss = loss / count
         if train:
-            self.optimizer.zero_grad(set_to_none=True)
-            if n:
-                loss.backward()
-            self._reduce_gradients()
-            self.optimizer.step()
+            self._optimise(loss if n else None)
         out = {"loss": loss.detach(), "pos": pos.detach(), "neg": neg.detach(),
                "positions": torch.from_numpy(positions)}
         if eval_negatives:
@@ -257,6 +271,15 @@ class TemporalLinkTrainer:
                          keys, messages)
         self.shard.end_step()
         return out
+
+    def _optimise(self, loss: Tensor | None) -> None:
+        """One optimizer step on the gradients of every rank's ``loss`` (``None``: none from this rank),
+        summed over shards and averaged over memory groups."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if loss is not None:
+            (loss / self.groups).backward()
+        self._reduce_gradients()
+        self.optimizer.step()
 
     def _reduce_gradients(self) -> None:
         """Sum every parameter's gradient over the ranks; a parameter no rank has a gradient for keeps
@@ -283,20 +306,70 @@ class TemporalLinkTrainer:
 
     # ------------------------------------------------------------------ passes
     def train_epoch(self, epoch: int) -> float:
-        """One pass over the training events from zero memory; the mean global batch loss."""
+        """One pass over the training events (see the module docstring for where each memory group
+        starts); the mean global batch loss."""
         self.model.train()
-        self.shard.reset()
-        # Dropout's generator, reseeded per epoch alike on every rank: the run depends on --seed alone.
-        torch.manual_seed(epoch_seed(self.config.seed, epoch, 0))
-        rng = np.random.default_rng((self.config.seed, epoch))
+        group = self.rank if self.groups > 1 else 0
+        # Dropout's generator and the negatives, reseeded per epoch alike on every rank of a group.
+        torch.manual_seed(epoch_seed(self.config.seed, epoch, group))
+        rng = np.random.default_rng((self.config.seed, epoch) if group == 0 else (self.config.seed, epoch, 0, group))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
+        batches = self._batches(self.train_event_ids)
+        if self.groups > 1:
+            batches = self._enter_segment(batches, epoch)
+        else:
+            self.shard.reset()
         losses = []
         event_map = self.train_event_ids  # the train graph numbers its events 0..len(train)-1
-        for batch in self._batches(self.train_event_ids):
+        for batch in batches:
             interrupt.check()
+            if batch is None:  # the last segment is short: this group only joins the step
+                self._optimise(None)
+                continue
             losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it
-        return float(self.shard.exchanger.all_reduce(torch.stack(losses).cpu()).mean())
+        # Sharded, a rank's losses sum over ranks to the batch means; memory groups' are batch means.
+        total = self.comm.all_reduce(torch.tensor([float(sum(losses)), len(losses) / self.shard.world_size]))
+        if self.groups > 1:
+            self._own_memory = self.model.memory.state.state_dict()
+            self._share_memory((self.groups - epoch) % self.groups)
+        return float(total[0] / total[1])
+
+    def _enter_segment(self, batches: list[np.ndarray], epoch: int) -> list[np.ndarray | None]:
+        """This memory group's batches of ``epoch`` (``None`` pads a short last segment), with its memory
+        where the segment starts: reset at the stream's start, else carried on from its last epoch, or
+        in epoch 1 replayed from the start."""
+        length = -(-len(batches) // self.groups)
+        segment = (self.rank + epoch - 1) % self.groups
+        if segment == 0 or epoch == 1:
+            self.shard.reset()
+            self._replay(batches[:segment * length])
+        else:
+            self.model.memory.state.load_state_dict(self._own_memory)
+        own = batches[segment * length:(segment + 1) * length]
+        return own + [None] * (length - len(own))
+
+    @torch.no_grad()
+    def _replay(self, batches: list[np.ndarray]) -> None:
+        """Stream ``batches`` through the memory alone, as training steps leave it (their endpoints'
+        rows updated and persisted, their events stored as messages), without embeddings or gradients."""
+        memory = self.model.memory
+        for batch in batches:
+            interrupt.check()
+            ids = torch.from_numpy(batch).to(self.device)
+            src, dst = self.src[ids], self.dst[ids]
+            nodes = torch.unique(torch.cat([src, dst]))
+            memory.persist(nodes, *memory.updated(nodes))
+            memory.store_messages(src, dst, self.t[ids], None if self.edge_features is None else self.edge_features[ids])
+
+    def _share_memory(self, holder: int) -> None:
+        """Every rank takes rank ``holder``'s memory state (the group that trained on the last segment)."""
+        state = self.model.memory.state
+        shared = {}
+        for name, value in state.state_dict().items():  # gloo: CPU tensors, bool as bytes
+            wire = self.comm.broadcast(value.cpu().to(torch.uint8) if value.dtype == torch.bool else value.cpu(), holder)
+            shared[name] = wire.to(value.dtype)
+        state.load_state_dict(shared)
 
     @torch.no_grad()
     def evaluate(self, event_ids: np.ndarray, inductive: np.ndarray, rng: np.random.Generator, *,
@@ -349,7 +422,8 @@ class TemporalLinkTrainer:
 
     def _seed_pass(self, epoch: int) -> np.random.Generator:
         """The generators of epoch ``epoch``'s evaluation: negatives (returned), ranking negatives, neighbours."""
-        self.sample_rng = np.random.default_rng((self.config.seed, epoch, 2, self.rank))
+        # Memory groups evaluate the same memory alike; shards each sample their own share's neighbours.
+        self.sample_rng = np.random.default_rng((self.config.seed, epoch, 2, self.rank if self.groups == 1 else 0))
         self.mrr_rng = np.random.default_rng((self.config.seed, epoch, 3))
         return np.random.default_rng((self.config.seed, epoch, 1))
 
@@ -376,7 +450,8 @@ class TemporalLinkTrainer:
     def _log_epoch(self, record: dict, state: FitState) -> None:
         log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (per batch %.4f, inductive %.4f)%s",
                  record["epoch"], record["loss"], record["train_seconds"], record["val_ap"],
-                 record["val_ap_per_batch"], record["val_ap_inductive"], "" if self.world_size == 1
+                 record["val_ap_per_batch"], record["val_ap_inductive"],
+                 f"  {self.groups} memory groups" if self.groups > 1 else "" if self.world_size == 1
                  else f"  staleness max {record['staleness_max']} mean {record['staleness_mean']:.3f} "
                       f"(K={self.config.staleness}, {record['remote_read_fraction']:.0%} of reads remote)")
 
@@ -411,5 +486,7 @@ class TemporalLinkTrainer:
         best.update(best_epoch=best["epoch"], epochs_run=len(state.history), seconds=time.perf_counter() - started,
                     history=state.history, staleness_max_run=overall["staleness_max"],
                     staleness_mean_run=overall["staleness_sum"] / max(overall["remote_reads"], 1),
-                    remote_reads_run=overall["remote_reads"])
+                    remote_reads_run=overall["remote_reads"], parallelism=self.config.parallelism,
+                    peak_rss_mib_per_rank=[kib / 1024 for kib in self.comm.all_gather_counts(
+                        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)])
         return best
