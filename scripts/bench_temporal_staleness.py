@@ -48,15 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int) -> dict:
-    """One training run; its metrics.json (plus wall time)."""
-    name = f"k{k}-{ranks}r" if ranks > 1 else "single"
+def run_training(workdir: Path, name: str, ranks: int, train_args: list[str], timeout: float) -> dict:
+    """``scripts/train_temporal.py train_args`` in one process or under torchrun on ``ranks`` ranks, every
+    process with ``OMP_NUM_THREADS=1``, its output in ``workdir/name.log``; its metrics.json (plus wall time)."""
     out = workdir / name
-    train = [str(ROOT / "scripts" / "train_temporal.py"), "--dataset", args.dataset, "--no-edge-features",
-             "--epochs", str(args.epochs), "--patience", "0", "--batch-size", str(args.batch_size),
-             "--lr", str(args.lr), "--seed", str(args.seed), "--staleness", str(k), "--out", str(out)]
-    if args.data_dir is not None:
-        train += ["--data-dir", str(args.data_dir)]
+    train = [str(ROOT / "scripts" / "train_temporal.py"), *train_args, "--out", str(out)]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *train]
     else:
@@ -65,12 +61,23 @@ def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int) -> dict
     print(f"[bench] {name}: {' '.join(cmd[1:])}", flush=True)
     start = time.perf_counter()
     with open(workdir / f"{name}.log", "w") as log:
-        done = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout, check=False)
+        done = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
     if done.returncode != 0:
         tail = (workdir / f"{name}.log").read_text().splitlines()[-15:]
         raise SystemExit(f"error: run {name} failed with exit code {done.returncode}:\n" + "\n".join(tail))
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["wall_seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int) -> dict:
+    """One training run at staleness bound ``k``."""
+    name = f"k{k}-{ranks}r" if ranks > 1 else "single"
+    train = ["--dataset", args.dataset, "--no-edge-features", "--epochs", str(args.epochs), "--patience", "0",
+             "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(args.seed), "--staleness", str(k)]
+    if args.data_dir is not None:
+        train += ["--data-dir", str(args.data_dir)]
+    metrics = run_training(workdir, name, ranks, train, args.timeout)
     print(f"[bench] {name}: test AP {metrics['test_ap']:.4f}, {metrics['train_events_per_second']:.0f} events/s, "
           f"staleness max {metrics['staleness_max']} mean {metrics['staleness_mean']:.3f}", flush=True)
     return metrics

@@ -249,6 +249,32 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
     assert metrics["history"][0]["staleness_max"] <= run["staleness_max"]
 
 
+def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
+    """``scripts/bench_temporal_scale.py``: one process and 2 memory groups under torchrun, for real."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    events = stream(num_events=800, num_nodes=60)
+    np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_scale.py"), "--dataset", "npz",
+                           "--data-dir", str(tmp_path / "events.npz"), "--seeds", "0", "--modes", "memory",
+                           "--epochs", "2", "--patience", "0", "--batch-size", "50", "--workdir", str(tmp_path / "work"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "| memory, 2 ranks |" in done.stdout and "| single |" in done.stdout
+    result = json.loads(out.read_text())
+    (memory,) = result["runs"]["memory, 2 ranks"]
+    assert memory["world_size"] == 2 and memory["parallelism"] == "memory" and memory["epochs_run"] == 2
+    assert len(memory["peak_rss_mib_per_rank"]) == 2 and min(memory["peak_rss_mib_per_rank"]) > 50
+    verdict = result["verdicts"]["memory, 2 ranks"]
+    single = result["summary"]["single"]["train_events_per_second"]["mean"]
+    assert verdict["speedup"] == pytest.approx(memory["train_events_per_second"] / single)
+
+
 def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
     from gnnscale.temporal.cli import main
 

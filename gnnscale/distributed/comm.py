@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,19 @@ class Exchanger:
             dist.broadcast(values, src=dist.get_global_rank(self.group, src), group=self.group)
             self._keep(values)
         return values
+
+    def all_reduce_start(self, values: Tensor) -> Callable[[], Tensor]:
+        """Start an in-place sum all-reduce of ``values``; returns what waits for it and gives the sum
+        (at once in a world of one).  The caller works on meanwhile, without touching ``values``."""
+        if self.group is None:
+            return lambda: values
+        work = dist.all_reduce(values, group=self.group, async_op=True)
+        self._keep(values)
+
+        def finish() -> Tensor:
+            work.wait()
+            return values
+        return finish
 
     def all_gather_rows(self, rows: Tensor) -> Tensor:
         """Concatenate every rank's ``rows`` (any number per rank) in rank order."""

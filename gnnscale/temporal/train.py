@@ -44,6 +44,7 @@ import copy
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,8 +255,8 @@ class TemporalLinkTrainer:
         # A sum over this rank's events divided by the global count: summed over ranks, the batch mean.
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
         loss = loss / count
-        if train:
-            self._optimise(loss if n else None)
+        # The gradient sum runs while this step's memory writes are made (they do not need the new weights).
+        step = self._start_step(loss if n else None) if train else None
         out = {"loss": loss.detach(), "pos": pos.detach(), "neg": neg.detach(),
                "positions": torch.from_numpy(positions)}
         if eval_negatives:
@@ -270,35 +271,45 @@ class TemporalLinkTrainer:
         self.shard.write(torch.unique(torch.cat([src, dst])), memory, last_update, message_nodes, message_times,
                          keys, messages)
         self.shard.end_step()
+        if step is not None:
+            step()
         return out
 
-    def _optimise(self, loss: Tensor | None) -> None:
-        """One optimizer step on the gradients of every rank's ``loss`` (``None``: none from this rank),
-        summed over shards and averaged over memory groups."""
+    def _start_step(self, loss: Tensor | None) -> Callable[[], None]:
+        """Backpropagate this rank's ``loss`` (``None``: none from this rank) and start summing the
+        gradients over shards (averaged over memory groups); returns what finishes the optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             (loss / self.groups).backward()
-        self._reduce_gradients()
-        self.optimizer.step()
+        reduced = self._reduce_gradients()
 
-    def _reduce_gradients(self) -> None:
-        """Sum every parameter's gradient over the ranks; a parameter no rank has a gradient for keeps
-        none (Adam skips it, exactly as in one process)."""
+        def step() -> None:
+            reduced()
+            self.optimizer.step()
+        return step
+
+    def _reduce_gradients(self) -> Callable[[], None]:
+        """Start summing every parameter's gradient over the ranks; returns what waits for the sum and
+        sets it.  A parameter no rank has a gradient for keeps none (Adam skips it, exactly as in one
+        process)."""
         if self.world_size == 1:
-            return
+            return lambda: None
         params = [p for p in self.model.parameters() if p.requires_grad]
         # One buffer: every gradient (zeros where missing), then one has-a-gradient flag per parameter.
         flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
                           p.grad.reshape(-1) for p in params] +
                          [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
                                        device=params[0].device)])
-        self.grad_comm.all_reduce(flat)
-        flags = flat[-len(params):].cpu()
-        offset = 0
-        for p, flag in zip(params, flags.tolist()):
-            size = p.numel()
-            p.grad = flat[offset:offset + size].view_as(p).clone() if flag > 0 else None
-            offset += size
+        summed = self.grad_comm.all_reduce_start(flat)
+
+        def set_gradients() -> None:
+            total = summed()
+            offset = 0
+            for p, flag in zip(params, total[-len(params):].cpu().tolist()):
+                size = p.numel()
+                p.grad = total[offset:offset + size].view_as(p).clone() if flag > 0 else None
+                offset += size
+        return set_gradients
 
     def _batches(self, event_ids: np.ndarray) -> list[np.ndarray]:
         size = self.config.batch_size
@@ -324,7 +335,7 @@ class TemporalLinkTrainer:
         for batch in batches:
             interrupt.check()
             if batch is None:  # the last segment is short: this group only joins the step
-                self._optimise(None)
+                self._start_step(None)()
                 continue
             losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it

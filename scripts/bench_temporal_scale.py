@@ -1,0 +1,152 @@
+"""TGN on 2 ranks against one process: training throughput and accuracy of each parallel mode, over seeds.
+
+    python scripts/bench_temporal_scale.py                    # Wikipedia, batch 20, seeds 0-2, early stopping
+    python scripts/bench_temporal_scale.py --seeds 0 --epochs 3 --patience 0   # a quick look
+
+For every seed it runs the README's Wikipedia recipe (``--batch-size 20 --epochs 30 --patience 4``)
+in one process, then under ``torchrun --standalone --nproc_per_node=RANKS`` once per mode:
+``--parallelism memory`` (a whole node memory per rank, each on its own time segment) and
+``--parallelism sharded`` (one memory sharded by owner, replicas at most ``--staleness`` steps
+behind).  Every process runs with ``OMP_NUM_THREADS=1``.  From each run's ``metrics.json``:
+training events per second (the median over its epochs; training only, evaluation excluded),
+test AP over all events and averaged per batch (TGN's), inductive test AP, and the peak RSS of
+each rank.  The table gives mean ± std over the seeds and, for each mode, the ratio of its
+events/s to the single process's and its AP change, against the target (>= ``--target-speedup``
+with |AP change| <= 0.005).  Writes ``runs/bench_temporal_scale.json`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_temporal_staleness import ROOT, run_training
+
+from gnnscale.train.cli import strict_json
+
+AP_TOLERANCE = 0.005
+FIGURES = ("train_events_per_second", "test_ap", "test_ap_per_batch", "test_ap_inductive", "peak_rss_mib")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--dataset", default="wikipedia", choices=("wikipedia", "collegemsg", "csv", "snap", "npz"))
+    parser.add_argument("--data-dir", type=Path, default=None, help="passed on to train_temporal.py")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
+    parser.add_argument("--modes", default="memory,sharded", help="--parallelism values to run on RANKS ranks")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--staleness", type=int, default=2, help="K of the sharded mode")
+    parser.add_argument("--batch-size", type=int, default=20, help="events per step (sharded: the global batch; "
+                        "memory: each group's batch)")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--patience", type=int, default=4)
+    parser.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="batch")
+    parser.add_argument("--target-speedup", type=float, default=1.6)
+    parser.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds allowed for each run")
+    parser.add_argument("--workdir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_temporal_scale.json")
+    return parser
+
+
+def train_args(args: argparse.Namespace, seed: int, mode: str | None) -> list[str]:
+    cmd = ["--dataset", args.dataset, "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+           "--patience", str(args.patience), "--seed", str(seed), "--neighbor-cutoff", args.neighbor_cutoff]
+    if args.data_dir is not None:
+        cmd += ["--data-dir", str(args.data_dir)]
+    if mode is not None:
+        cmd += ["--parallelism", mode] + (["--staleness", str(args.staleness)] if mode == "sharded" else [])
+    return cmd
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and std over seeds of each figure (peak RSS: the largest rank's)."""
+    out = {}
+    for name in FIGURES:
+        values = [max(r["peak_rss_mib_per_rank"]) if name == "peak_rss_mib" else r[name] for r in runs]
+        out[name] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                     "values": values}
+    out["best_epochs"] = [r["best_epoch"] for r in runs]
+    out["rss_mib_per_rank"] = [r["peak_rss_mib_per_rank"] for r in runs]
+    return out
+
+
+def verdicts(configs: dict[str, dict], target: float) -> dict[str, dict]:
+    """Each multi-rank mode against the single process: speedup, AP change, target met or not."""
+    base = configs["single"]
+    out = {}
+    for name, summary in configs.items():
+        if name == "single":
+            continue
+        speedup = summary["train_events_per_second"]["mean"] / base["train_events_per_second"]["mean"]
+        change = summary["test_ap"]["mean"] - base["test_ap"]["mean"]
+        out[name] = {"speedup": speedup, "test_ap_change": change,
+                     "met": bool(speedup >= target and abs(change) <= AP_TOLERANCE)}
+    return out
+
+
+def table(configs: dict[str, dict], judged: dict[str, dict], target: float) -> str:
+    def cell(summary: dict, name: str, digits: int) -> str:
+        return f"{summary[name]['mean']:.{digits}f} ± {summary[name]['std']:.{digits}f}"
+
+    lines = ["| run | train events/s | speedup | test AP | AP change | test AP per batch | inductive AP "
+             "| peak RSS per rank (MiB) | best epochs | target |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, summary in configs.items():
+        verdict = judged.get(name)
+        lines.append(
+            f"| {name} | {cell(summary, 'train_events_per_second', 0)} | "
+            f"{'-' if verdict is None else format(verdict['speedup'], '.2f') + 'x'} | {cell(summary, 'test_ap', 4)} | "
+            f"{'-' if verdict is None else format(verdict['test_ap_change'], '+.4f')} | "
+            f"{cell(summary, 'test_ap_per_batch', 4)} | {cell(summary, 'test_ap_inductive', 4)} | "
+            f"{cell(summary, 'peak_rss_mib', 0)} | {summary['best_epochs']} | "
+            f"{'-' if verdict is None else ('met' if verdict['met'] else 'NOT met')} |")
+    lines.append(f"\nTarget: >= {target}x the single process's training events/s with |test AP change| "
+                 f"<= {AP_TOLERANCE}.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        print(f"error: --seeds must be comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not seeds or args.ranks < 2 or not set(modes) <= {"memory", "sharded"}:
+        print("error: --seeds needs at least one integer, --ranks >= 2, --modes memory and/or sharded",
+              file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict]] = {"single": [], **{f"{m}, {args.ranks} ranks": [] for m in modes}}
+    with tempfile.TemporaryDirectory(prefix="gnnscale-bench-scale-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for seed in seeds:
+            for name, mode in [("single", None)] + [(f"{m}, {args.ranks} ranks", m) for m in modes]:
+                metrics = run_training(workdir, f"{mode or 'single'}-seed{seed}", 1 if mode is None else args.ranks,
+                                       train_args(args, seed, mode), args.timeout)
+                print(f"[bench] {name}, seed {seed}: test AP {metrics['test_ap']:.4f}, "
+                      f"{metrics['train_events_per_second']:.0f} training events/s, best epoch "
+                      f"{metrics['best_epoch']}/{metrics['epochs_run']}", flush=True)
+                runs[name].append({k: v for k, v in metrics.items() if k != "args"})
+    configs = {name: summarise(found) for name, found in runs.items()}
+    judged = verdicts(configs, args.target_speedup)
+    result = {"dataset": args.dataset, "seeds": seeds, "batch_size": args.batch_size, "epochs": args.epochs,
+              "patience": args.patience, "ranks": args.ranks, "staleness": args.staleness,
+              "neighbor_cutoff": args.neighbor_cutoff, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "summary": configs, "verdicts": judged, "runs": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(strict_json(result))
+    print(table(configs, judged, args.target_speedup))
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
