@@ -70,7 +70,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 RANGES: dict[str, tuple[float, float | None, bool]] = {
     **dict.fromkeys(("--epochs", "--batch-size", "--hidden", "--num-layers", "--heads", "--out-heads", "--eval-every",
                      "--memory-dim", "--time-dim", "--embedding-dim", "--num-neighbors",
-                     "--eval-negatives", "--num-parts", "--num-nodes", "--feat-dim"), (1, None, True)),
+                     "--eval-negatives", "--num-parts", "--num-nodes", "--feat-dim", "--sync-every",
+                     "--num-events"), (1, None, True)),
     **dict.fromkeys(("--dropout", "--input-dropout", "--attn-dropout", "--new-node-fraction"), (0, 1, True)),
     **dict.fromkeys(("--weight-decay", "--patience", "--num-workers", "--checkpoint-every", "--cache-mb", "--split",
                      "--staleness", "--halo-hops", "--seed", "--prefetch"), (0, None, True)),

@@ -4,13 +4,14 @@
     python scripts/bench_temporal_scale.py --seeds 0 --epochs 3 --patience 0   # a quick look
 
 For every seed it runs the README's Wikipedia recipe (``--batch-size 20 --epochs 30 --patience 4``)
-in one process, then under ``torchrun --standalone --nproc_per_node=RANKS`` once per mode:
+in one process, then under ``torchrun --standalone --nproc_per_node=RANKS`` once per mode (plus
+``--rank-args``, if given, in the multi-rank runs only):
 ``--parallelism memory`` (a whole node memory per rank, each on its own time segment) and
 ``--parallelism sharded`` (one memory sharded by owner, replicas at most ``--staleness`` steps
 behind).  Every process runs with ``OMP_NUM_THREADS=1``.  From each run's ``metrics.json``:
 training events per second (the median over its epochs; training only, evaluation excluded),
-test AP over all events and averaged per batch (TGN's), inductive test AP, and the peak RSS of
-each rank.  The table gives mean ± std over the seeds and, for each mode, the ratio of its
+test AP over all events and averaged per batch (TGN's), inductive test AP, the peak RSS of
+each rank, and the training seconds up to the best epoch (time to accuracy).  The table gives mean ± std over the seeds and, for each mode, the ratio of its
 events/s to the single process's and its AP change, against the target (>= ``--target-speedup``
 with |AP change| <= 0.005).  Writes ``runs/bench_temporal_scale.json`` and prints the table.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -30,7 +32,8 @@ from bench_temporal_staleness import ROOT, run_training
 from gnnscale.train.cli import strict_json
 
 AP_TOLERANCE = 0.005
-FIGURES = ("train_events_per_second", "test_ap", "test_ap_per_batch", "test_ap_inductive", "peak_rss_mib")
+FIGURES = ("train_events_per_second", "test_ap", "test_ap_per_batch", "test_ap_inductive", "peak_rss_mib",
+           "train_seconds_to_best")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--patience", type=int, default=4)
     parser.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="batch")
+    parser.add_argument("--rank-args", default="", help="further train_temporal.py options for the multi-rank runs "
+                        "only (the single process runs the recipe), e.g. \"--sync-every 4 --lr 1e-3\"")
     parser.add_argument("--target-speedup", type=float, default=1.6)
     parser.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds allowed for each run")
     parser.add_argument("--workdir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
@@ -61,6 +66,7 @@ def train_args(args: argparse.Namespace, seed: int, mode: str | None) -> list[st
         cmd += ["--data-dir", str(args.data_dir)]
     if mode is not None:
         cmd += ["--parallelism", mode] + (["--staleness", str(args.staleness)] if mode == "sharded" else [])
+        cmd += shlex.split(args.rank_args)
     return cmd
 
 
@@ -68,7 +74,9 @@ def summarise(runs: list[dict]) -> dict:
     """Mean and std over seeds of each figure (peak RSS: the largest rank's)."""
     out = {}
     for name in FIGURES:
-        values = [max(r["peak_rss_mib_per_rank"]) if name == "peak_rss_mib" else r[name] for r in runs]
+        values = [max(r["peak_rss_mib_per_rank"]) if name == "peak_rss_mib" else
+                  sum(e["train_seconds"] for e in r["history"][:r["best_epoch"]]) if name == "train_seconds_to_best"
+                  else r[name] for r in runs]
         out[name] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                      "values": values}
     out["best_epochs"] = [r["best_epoch"] for r in runs]
@@ -95,8 +103,8 @@ def table(configs: dict[str, dict], judged: dict[str, dict], target: float) -> s
         return f"{summary[name]['mean']:.{digits}f} ± {summary[name]['std']:.{digits}f}"
 
     lines = ["| run | train events/s | speedup | test AP | AP change | test AP per batch | inductive AP "
-             "| peak RSS per rank (MiB) | best epochs | target |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak RSS per rank (MiB) | best epochs | training s to the best epoch | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, summary in configs.items():
         verdict = judged.get(name)
         lines.append(
@@ -104,7 +112,7 @@ def table(configs: dict[str, dict], judged: dict[str, dict], target: float) -> s
             f"{'-' if verdict is None else format(verdict['speedup'], '.2f') + 'x'} | {cell(summary, 'test_ap', 4)} | "
             f"{'-' if verdict is None else format(verdict['test_ap_change'], '+.4f')} | "
             f"{cell(summary, 'test_ap_per_batch', 4)} | {cell(summary, 'test_ap_inductive', 4)} | "
-            f"{cell(summary, 'peak_rss_mib', 0)} | {summary['best_epochs']} | "
+            f"{cell(summary, 'peak_rss_mib', 0)} | {summary['best_epochs']} | {cell(summary, 'train_seconds_to_best', 0)} | "
             f"{'-' if verdict is None else ('met' if verdict['met'] else 'NOT met')} |")
     lines.append(f"\nTarget: >= {target}x the single process's training events/s with |test AP change| "
                  f"<= {AP_TOLERANCE}.")
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = verdicts(configs, args.target_speedup)
     result = {"dataset": args.dataset, "seeds": seeds, "batch_size": args.batch_size, "epochs": args.epochs,
               "patience": args.patience, "ranks": args.ranks, "staleness": args.staleness,
-              "neighbor_cutoff": args.neighbor_cutoff, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "neighbor_cutoff": args.neighbor_cutoff, "rank_args": args.rank_args, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "summary": configs, "verdicts": judged, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(strict_json(result))

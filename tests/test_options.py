@@ -14,8 +14,8 @@ from gnnscale.train import cli as train_cli
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 # Same name, but a per-command meaning: the loaders' catalogues, seed nodes per rank vs events per global step,
-# GAT heads/dropout vs TGN's attention.
-PER_COMMAND = {"--help", "--dataset", "--batch-size", "--heads", "--dropout"}
+# GAT heads/dropout vs TGN's attention, a synthetic graph's nodes vs a synthetic stream's.
+PER_COMMAND = {"--help", "--dataset", "--batch-size", "--heads", "--dropout", "--num-nodes"}
 
 
 def actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -131,3 +131,13 @@ def test_temporal_distributed_options_in_one_process_are_warned_about(caplog):
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == ["--staleness"]
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == []
     assert caplog.messages == ["--staleness has no effect: one process reads every node memory exactly"]
+
+
+def test_sharding_options_with_memory_groups_are_warned_about(caplog):
+    parser = temporal_cli.build_parser()
+    args = parser.parse_args(["--parallelism", "memory", "--staleness", "2", "--event-split", "owner"])
+    with caplog.at_level(logging.WARNING, logger="gnnscale"):
+        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == ["--staleness", "--event-split"]
+        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == [
+            "--staleness", "--event-split", "--parallelism"]
+    assert caplog.messages[0] == "--staleness has no effect: each memory group reads its own whole memory exactly"

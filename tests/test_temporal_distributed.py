@@ -35,7 +35,8 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
-          neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent"):
+          neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
+          sync_every: int = 1):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
@@ -45,7 +46,7 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
                                   config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
-                                                             parallelism=parallelism),
+                                                             parallelism=parallelism, sync_every=sync_every),
                                   runtime=runtime, owner=owner, record=record)
     trainer.model.double()
     return trainer
@@ -79,10 +80,13 @@ def ranks_job(rank: int, method: str) -> dict:
                           "best_epoch_val_ap": metrics["history"][metrics["best_epoch"] - 1]["val_ap"]}
         # Memory groups: weights held still (lr 1e-12), so each group's memory depends on the stream alone;
         # then trained, with uniform neighbours (each group draws its own).
-        for key, lr, sampling in (("memory-still", 1e-12, "recent"), ("memory", 1e-3, "uniform")):
-            trainer = build(events, 0, runtime, parallelism="memory", lr=lr, sampling=sampling)
+        for key, lr, sampling, every in (("memory-still", 1e-12, "recent", 1), ("memory", 1e-3, "uniform", 1),
+                                         ("memory-sync3", 1e-3, "recent", 3)):
+            trainer = build(events, 0, runtime, parallelism="memory", lr=lr, sampling=sampling, sync_every=every)
+            steps = []
+            trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
             metrics = trainer.fit()
-            results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics,
+            results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics, "steps": len(steps),
                             "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()}
         runtime.barrier()
     finally:
@@ -150,6 +154,16 @@ def test_memory_groups_agree_on_weights_and_metrics_and_learn(two_ranks):
     assert first["remote_reads_run"] == 0 and len(first["peak_rss_mib_per_rank"]) == 2
     still = two_ranks[0]["memory-still"]  # the same run with weights held still: training helped
     assert first["val_ap"] > still["val_ap"] + 0.03
+
+
+def test_sync_every_steps_once_per_s_batches_on_every_group(two_ranks):
+    """14 training batches of 60 over 2 groups: 7 steps per epoch each, and with S = 3 three (after
+    batches 3, 6 and the last); every step is a gradient sum both ranks join, or the run would hang."""
+    for rank in range(2):
+        assert two_ranks[rank]["memory"]["steps"] == 2 * 7
+        assert two_ranks[rank]["memory-sync3"]["steps"] == 2 * 3
+    np.testing.assert_array_equal(two_ranks[0]["memory-sync3"]["weights"], two_ranks[1]["memory-sync3"]["weights"])
+    assert not np.array_equal(two_ranks[0]["memory-sync3"]["weights"], two_ranks[0]["memory"]["weights"])
 
 
 def test_one_memory_group_is_one_process():

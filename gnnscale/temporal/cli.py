@@ -20,7 +20,7 @@ from gnnscale.options import NoEffect, Parser, add_section, run_command
 
 log = logging.getLogger("gnnscale.temporal")
 
-DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz")
+DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz", "synthetic")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--dataset", choices=DATASETS, default="wikipedia",
                       help="wikipedia/collegemsg: the dataset folder (default: ../shared/datasets/<dataset>); csv: "
                            "a JODIE-layout file u,i,ts,label[,features]; snap: 'src dst time' lines; npz: arrays "
-                           "src, dst, t [, edge_features, labels]")
+                           "src, dst, t [, edge_features, labels]; synthetic: a generated stream of bursty users and "
+                           "communities (--num-nodes, --num-events, --seed)")
     add_section(parser, "data", group=data)
+    data.add_argument("--num-nodes", type=int, default=100_000, help="synthetic: users plus items")
+    data.add_argument("--num-events", type=int, default=2_000_000, help="synthetic: events in the stream")
     data.add_argument("--new-node-fraction", type=float, default=0.1, help="share of the nodes appearing after the "
                       "validation cut held out of training (inductive evaluation)")
     model = parser.add_argument_group("model")
@@ -58,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "ranks: the global batch). With --neighbor-cutoff batch a batch never sees its "
                         "own events, so smaller batches see more recent history: 20 reached Wikipedia's AP "
                         "targets here, with 10x the steps per epoch")
+    loader.add_argument("--sync-every", type=int, default=1, metavar="S", help="batches per optimizer step: "
+                        "gradients accumulate over S consecutive batches while the memory advances every batch; "
+                        "on several ranks one gradient sum per S batches")
     loader.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
     loader.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
     loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="batch", help="a query's "
@@ -98,6 +104,9 @@ NO_EFFECT = (
     NoEffect("--partition-method", _memory_groups, "each memory group holds every node memory"),
     NoEffect("--event-split", _memory_groups, "each memory group computes all events of its batches"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
+    NoEffect("--num-nodes", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
+    NoEffect("--num-events", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
+    NoEffect("--data-dir", lambda args, _: args.dataset == "synthetic", "--dataset synthetic is generated"),
 )
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
 
@@ -110,12 +119,17 @@ def run(args: argparse.Namespace) -> dict:
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     path = args.data_dir
-    if path is None:
-        if args.dataset not in ("wikipedia", "collegemsg"):
-            raise ValueError(f"--dataset {args.dataset} needs --data-dir FILE")
-        path = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / args.dataset
+    if path is None and args.dataset not in ("wikipedia", "collegemsg", "synthetic"):
+        raise ValueError(f"--dataset {args.dataset} needs --data-dir FILE")
     start = time.perf_counter()
-    events = load_temporal(args.dataset, path)
+    if args.dataset == "synthetic":
+        from gnnscale.data.temporal_synthetic import TemporalStreamConfig, generate_temporal_stream
+
+        events = generate_temporal_stream(TemporalStreamConfig(num_nodes=args.num_nodes, num_events=args.num_events,
+                                                               seed=args.seed))
+    else:
+        events = load_temporal(args.dataset, path if path is not None else
+                               Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / args.dataset)
     if args.no_edge_features:
         events.edge_features = None
     split = chronological_split(events, new_node_fraction=args.new_node_fraction, seed=args.seed)
@@ -164,7 +178,7 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
                                  device=args.device, staleness=args.staleness,
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
-                                 parallelism=args.parallelism)
+                                 parallelism=args.parallelism, sync_every=args.sync_every)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)

@@ -94,12 +94,15 @@ class TemporalTrainConfig:
     """Which past events a query's neighbours come from: those strictly before its ``batch``'s first
     event time, or (TGN/TGL) those strictly before its own ``event``'s time, earlier events of its
     own batch included."""
+    sync_every: int = 1
+    """Batches per optimizer step: gradients are accumulated over ``sync_every`` consecutive batches
+    (the memory still advances every batch), so ranks sum gradients once per that many batches."""
     parallelism: str = "sharded"
     """Several ranks: ``sharded`` (one memory, owned by rank; every rank computes a share of each global
     batch) or ``memory`` (each rank a memory group with a whole memory and its own time segment)."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives"):
+        for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -245,8 +248,9 @@ class TemporalLinkTrainer:
         return self.model.embed(memory, nodes, times, neighborhood, self.edge_features), memory, last_update
 
     def _step(self, batch: np.ndarray, sampler, event_map, rng: np.random.Generator, *, train: bool,
-              eval_negatives: int = 0) -> dict[str, Tensor]:
-        """One global step: this rank's share of ``batch``; every rank calls it for every batch."""
+              eval_negatives: int = 0, sync: bool = True) -> dict[str, Tensor]:
+        """One global step: this rank's share of ``batch``; every rank calls it for every batch.
+        Training, it accumulates gradients, and ``sync`` ends the accumulation with an optimizer step."""
         model, count = self.model, batch.size
         positions = self.local_positions(batch)
         n = positions.size
@@ -256,7 +260,7 @@ class TemporalLinkTrainer:
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
         loss = loss / count
         # The gradient sum runs while this step's memory writes are made (they do not need the new weights).
-        step = self._start_step(loss if n else None) if train else None
+        step = self._start_step(loss if n else None, sync=sync) if train else None
         out = {"loss": loss.detach(), "pos": pos.detach(), "neg": neg.detach(),
                "positions": torch.from_numpy(positions)}
         if eval_negatives:
@@ -275,17 +279,20 @@ class TemporalLinkTrainer:
             step()
         return out
 
-    def _start_step(self, loss: Tensor | None) -> Callable[[], None]:
-        """Backpropagate this rank's ``loss`` (``None``: none from this rank) and start summing the
-        gradients over shards (averaged over memory groups); returns what finishes the optimizer step."""
-        self.optimizer.zero_grad(set_to_none=True)
+    def _start_step(self, loss: Tensor | None, *, sync: bool = True) -> Callable[[], None]:
+        """Backpropagate this rank's ``loss`` (``None``: none from this rank), accumulating; with ``sync``,
+        start summing the accumulated gradients over shards (averaged over memory groups and the
+        ``sync_every`` batches); returns what finishes the optimizer step."""
         if loss is not None:
-            (loss / self.groups).backward()
+            (loss / (self.groups * self.config.sync_every)).backward()
+        if not sync:
+            return lambda: None
         reduced = self._reduce_gradients()
 
         def step() -> None:
             reduced()
             self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return step
 
     def _reduce_gradients(self) -> Callable[[], None]:
@@ -307,7 +314,7 @@ class TemporalLinkTrainer:
             offset = 0
             for p, flag in zip(params, total[-len(params):].cpu().tolist()):
                 size = p.numel()
-                p.grad = total[offset:offset + size].view_as(p).clone() if flag > 0 else None
+                p.grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # a fresh buffer each step
                 offset += size
         return set_gradients
 
@@ -332,12 +339,15 @@ class TemporalLinkTrainer:
             self.shard.reset()
         losses = []
         event_map = self.train_event_ids  # the train graph numbers its events 0..len(train)-1
-        for batch in batches:
+        self.optimizer.zero_grad(set_to_none=True)
+        every = self.config.sync_every
+        for i, batch in enumerate(batches):
             interrupt.check()
+            sync = (i + 1) % every == 0 or i == len(batches) - 1
             if batch is None:  # the last segment is short: this group only joins the step
-                self._start_step(None)()
+                self._start_step(None, sync=sync)()
                 continue
-            losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True)["loss"])
+            losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True, sync=sync)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it
         # Sharded, a rank's losses sum over ranks to the batch means; memory groups' are batch means.
         total = self.comm.all_reduce(torch.tensor([float(sum(losses)), len(losses) / self.shard.world_size]))
