@@ -19,6 +19,7 @@ with |AP change| <= 0.005).  Writes ``runs/bench_temporal_scale.json`` and print
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds allowed for each run")
     parser.add_argument("--workdir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_temporal_scale.json")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="JSON", help="run nothing: summarise the runs "
+                        "of earlier outputs together (e.g. seeds run in separate invocations) and write --out")
     return parser
 
 
@@ -132,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     runs: dict[str, list[dict]] = {"single": [], **{f"{m}, {args.ranks} ranks": [] for m in modes}}
+    if args.from_json:
+        seeds = []
+        for path in args.from_json:
+            earlier = json.loads(path.read_text())
+            seeds += earlier["seeds"]
+            for key in ("dataset", "batch_size", "epochs", "patience", "ranks", "staleness", "neighbor_cutoff",
+                        "rank_args"):  # the settings the runs had
+                setattr(args, key, earlier.get(key, getattr(args, key)))
+            for name, found in earlier["runs"].items():
+                runs.setdefault(name, []).extend(found)
+        return report(args, sorted(seeds), {name: found for name, found in runs.items() if found})
     with tempfile.TemporaryDirectory(prefix="gnnscale-bench-scale-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{metrics['train_events_per_second']:.0f} training events/s, best epoch "
                       f"{metrics['best_epoch']}/{metrics['epochs_run']}", flush=True)
                 runs[name].append({k: v for k, v in metrics.items() if k != "args"})
+    return report(args, seeds, runs)
+
+
+def report(args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]]) -> int:
+    """Summarise, judge, write the JSON and print the table."""
     configs = {name: summarise(found) for name, found in runs.items()}
     judged = verdicts(configs, args.target_speedup)
     result = {"dataset": args.dataset, "seeds": seeds, "batch_size": args.batch_size, "epochs": args.epochs,

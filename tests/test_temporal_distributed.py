@@ -287,6 +287,13 @@ def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
     verdict = result["verdicts"]["memory, 2 ranks"]
     single = result["summary"]["single"]["train_events_per_second"]["mean"]
     assert verdict["speedup"] == pytest.approx(memory["train_events_per_second"] / single)
+    # Seeds run apart are summarised together from their outputs, running nothing.
+    again = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_scale.py"), "--from-json", str(out),
+                            str(out), "--out", str(tmp_path / "both.json")], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert both["seeds"] == [0, 0] and len(both["runs"]["memory, 2 ranks"]) == 2
+    assert both["verdicts"]["memory, 2 ranks"]["speedup"] == pytest.approx(verdict["speedup"])
 
 
 def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
