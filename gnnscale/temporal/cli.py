@@ -23,6 +23,18 @@ log = logging.getLogger("gnnscale.temporal")
 DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz", "synthetic")
 
 
+def _add_model_options(model: argparse._ArgumentGroup) -> None:
+    """TGN's sizes and policies."""
+    model.add_argument("--memory-dim", type=int, default=100)
+    model.add_argument("--time-dim", type=int, default=100)
+    model.add_argument("--embedding-dim", type=int, default=100)
+    model.add_argument("--heads", type=int, default=2, help="attention heads over past events")
+    model.add_argument("--dropout", type=float, default=0.1, help="dropout in the embedding's attention")
+    model.add_argument("--aggregator", choices=("last", "mean"), default="last", help="how one batch's messages "
+                       "to a node are combined")
+    model.add_argument("--no-edge-features", action="store_true", help="ignore the events' feature columns")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: the sections of :mod:`gnnscale.options` plus TGN's own options."""
     parser = Parser(
@@ -42,15 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--num-events", type=int, default=2_000_000, help="synthetic: events in the stream")
     data.add_argument("--new-node-fraction", type=float, default=0.1, help="share of the nodes appearing after the "
                       "validation cut held out of training (inductive evaluation)")
-    model = parser.add_argument_group("model")
-    model.add_argument("--memory-dim", type=int, default=100)
-    model.add_argument("--time-dim", type=int, default=100)
-    model.add_argument("--embedding-dim", type=int, default=100)
-    model.add_argument("--heads", type=int, default=2, help="attention heads over past events")
-    model.add_argument("--dropout", type=float, default=0.1, help="dropout in the embedding's attention")
-    model.add_argument("--aggregator", choices=("last", "mean"), default="last", help="how one batch's messages "
-                       "to a node are combined")
-    model.add_argument("--no-edge-features", action="store_true", help="ignore the events' feature columns")
+    _add_model_options(parser.add_argument_group("model"))
     # TGN's Adam has no weight decay, and it evaluates after every epoch; lr: TGN's own 1e-4 converged
     # several times slower on Wikipedia than 5e-4.
     optimisation = add_section(parser, "optimisation", without=("--weight-decay", "--eval-every"), lr=5e-4)
