@@ -308,6 +308,19 @@ def test_negative_staleness_is_a_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_bad_parallel_options_are_one_line_errors(tmp_path, capsys):
+    from gnnscale.temporal.cli import main
+
+    assert main(["--dataset", "synthetic", "--sync-every", "0", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: --sync-every must be >= 1, got 0 (default 1)"]
+    with pytest.raises(SystemExit) as stopped:  # argparse's choice check
+        main(["--dataset", "synthetic", "--parallelism", "epoch", "--out", str(tmp_path / "run")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument --parallelism: invalid choice: 'epoch'" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_split_events_balances_each_batch_and_keeps_owners_where_it_can():
     from gnnscale.temporal.train import split_events
 
@@ -344,6 +357,10 @@ def test_sharded_memory_and_config_errors():
         TemporalTrainConfig(staleness=-2)
     with pytest.raises(ValueError, match="unknown event_split 'random'; choose balanced or owner"):
         TemporalTrainConfig(event_split="random")
+    with pytest.raises(ValueError, match="unknown parallelism 'epoch'; choose sharded or memory"):
+        TemporalTrainConfig(parallelism="epoch")
+    with pytest.raises(ValueError, match="sync_every must be >= 1, got 0"):
+        TemporalTrainConfig(sync_every=0)
     events = stream(num_events=200, num_nodes=30)
     with pytest.raises(ValueError, match="several ranks need an owner rank for every node"):
         TemporalLinkTrainer(events, chronological_split(events), memory_config=MemoryConfig(memory_dim=4, time_dim=4),
