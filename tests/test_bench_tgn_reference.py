@@ -43,3 +43,13 @@ def test_reference_tgn_bench_runs_both_sides(tmp_path):
         assert len(found[side]["epoch_seconds"]) == 2 and len(found[side]["val_ap_per_batch"]) == 2
         assert 0.0 < found[side]["test_ap_per_batch"] <= 1.0
     assert found["comparison"]["epoch_time_ratio"] > 0 and len(found["comparison"]["val_ap_gaps"]) == 2
+
+
+def test_a_folder_without_the_reference_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tgn_reference.py"), "--reference",
+                           str(tmp_path), "--out", str(tmp_path / "out.json")], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: {tmp_path} has no train_self_supervised.py; pass a checkout "
+                                                "of twitter-research/tgn (commit d55bbe6) as --reference"]
+    assert not (tmp_path / "out.json").exists()
