@@ -1,0 +1,355 @@
+"""An emulated cluster on one Linux host: K network namespaces as K machines behind rate-limited links.
+
+Each "machine" is a network namespace joined to a bridge in the root namespace by a veth pair, with
+an address of a private /24 that exists only on that bridge and in those namespaces (the bridge has
+no address and nothing routes there).  Each namespace's own egress is shaped by a token bucket
+(``tc qdisc add dev eth0 root tbf rate R burst B latency 50ms``): every byte a machine sends crosses a
+link of rate R.  One ``torchrun`` agent runs per namespace (``--nnodes K --rdzv-backend c10d`` to
+machine 0's address), pinned with ``taskset`` to that machine's own cores: real multi-node torchrun,
+gloo over TCP between namespaces.  A "slow machine" shares its cores with a busy process.
+
+Namespaces, links and processes are removed on every exit path (an exception, Ctrl-C, SIGTERM);
+leftovers of a harness killed with SIGKILL are removed by the next one (names carry the owner's pid).
+Needs root, ``ip`` (iproute2), ``tc`` and ``taskset``: :func:`check_host` says which is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+RATE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
+RDZV_PORT = 29400
+_UNITS = {None: 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+class ClusterError(RuntimeError):
+    """The host cannot make the emulated cluster (the message says what is missing)."""
+
+
+def rate_bits(rate: str) -> int:
+    """Bits per second of a tc rate such as ``10gbit``, ``1gbit``, ``100mbit``.
+
+    Raises:
+        ValueError: not of the form <number>[k|m|g]bit.
+    """
+    match = RATE_PATTERN.match(rate.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"link rate {rate!r} is not a positive tc rate; write e.g. 10gbit, 1gbit or 100mbit")
+    return int(float(match.group(1)) * _UNITS[match.group(2) and match.group(2).lower()])
+
+
+def burst_bytes(rate: str) -> int:
+    """The token bucket's depth: 64 KiB, or 1 ms of traffic at fast rates (a shallower bucket cannot
+    refill fast enough between timer ticks to reach the rate)."""
+    return max(64 * 1024, rate_bits(rate) // 8 // 1000)
+
+
+def check_host() -> None:
+    """Raise :class:`ClusterError` naming what this host lacks to make namespaces and links."""
+    if sys.platform != "linux":
+        raise ClusterError("the emulated cluster needs Linux network namespaces; run it on a Linux host")
+    if os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root to create network namespaces and links; run it as root "
+                           "(e.g. with sudo)")
+    missing = [tool for tool in ("ip", "tc", "taskset") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterError(f"the emulated cluster needs {' and '.join(missing)} on PATH; install iproute2 "
+                           f"(ip, tc) and util-linux (taskset)")
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise ClusterError(f"'ip netns' does not work here ({probe.stderr.strip() or probe.returncode}); the "
+                           f"emulated cluster needs network namespaces")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise ClusterError(f"'ip {' '.join(args)}' failed: {done.stderr.strip()}")
+    return done
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale() -> list[str]:
+    """Delete namespaces and bridges left by harnesses that no longer run; returns their names."""
+    removed = []
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        match = re.fullmatch(r"gnnscale-(\d+)-m\d+", name)
+        if match and not _pid_alive(int(match.group(1))):
+            _kill_namespace_processes(name)
+            _ip("netns", "del", name, check=False)
+            removed.append(name)
+    # A deleted namespace lingers while its sockets drain (a peer's half-sent data, TIME_WAIT), and
+    # with it the veth pair: the root ends are deleted by name.
+    for match in re.finditer(r"^\d+: (gsc(\d+)(?:br|v\d+))[:@]", _ip("-o", "link", "show", check=False).stdout, re.M):
+        if not _pid_alive(int(match.group(2))):
+            _ip("link", "del", match.group(1), check=False)
+            removed.append(match.group(1))
+    return removed
+
+
+def _kill_namespace_processes(namespace: str) -> None:
+    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def _free_subnet() -> str:
+    """``10.213.X`` for the first X whose /24 no route of this host covers."""
+    routes = _ip("-4", "route", "show", "table", "all", check=False).stdout
+    for x in range(1, 255):
+        if f"10.213.{x}." not in routes:
+            return f"10.213.{x}"
+    raise ClusterError("no free 10.213.X.0/24 subnet for the emulated cluster; remove stale namespaces with "
+                       "'ip netns list' / 'ip netns del'")
+
+
+@dataclass
+class ClusterSpec:
+    """What to emulate.
+
+    Attributes:
+        machines: K, the namespaces (each one torchrun agent).
+        rate: every machine's egress rate, a tc rate (``10gbit``, ``1gbit``, ``100mbit``); ``None`` = unshaped.
+        cores_per_machine: host cores pinned to each machine, machine i taking cores ``[i*c, (i+1)*c)``
+            (modulo the host's cores: machines share cores when there are more than the host has).
+        nproc_per_machine: ranks per machine (``--nproc-per-node``).
+        slow_machines: machines whose cores a busy process shares (about half speed on one core).
+    """
+
+    machines: int = 2
+    rate: str | None = "10gbit"
+    cores_per_machine: int = 1
+    nproc_per_machine: int = 1
+    slow_machines: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.machines < 1 or self.cores_per_machine < 1 or self.nproc_per_machine < 1:
+            raise ValueError("machines, cores per machine and processes per machine must be >= 1")
+        if self.rate is not None:
+            rate_bits(self.rate)
+        bad = [m for m in self.slow_machines if not 0 <= m < self.machines]
+        if bad:
+            raise ValueError(f"slow machine {bad[0]} does not exist: machines are 0..{self.machines - 1}")
+
+    def cores(self, machine: int) -> list[int]:
+        total = os.cpu_count() or 1
+        first = machine * self.cores_per_machine
+        return sorted({(first + c) % total for c in range(self.cores_per_machine)})
+
+
+@dataclass
+class MachineRun:
+    """One machine's torchrun agent: its exit code, seconds, log file, and whether the harness stopped it
+    (after another machine failed, or past the timeout)."""
+
+    machine: int
+    returncode: int
+    seconds: float
+    log: Path
+    stopped: bool = False
+
+
+@dataclass
+class EmulatedCluster:
+    """Context manager: makes the namespaces and links on enter, removes everything on exit.
+
+    ``run(command)`` launches ``torchrun ... command`` on every machine and waits for all of them.
+    """
+
+    spec: ClusterSpec
+    log_dir: Path
+    echo: IO[str] | None = None
+    tag: str = field(init=False)
+    subnet: str = field(init=False, default="")
+    _processes: list[subprocess.Popen] = field(init=False, default_factory=list)
+    _made: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tag = str(os.getpid())
+
+    # ------------------------------------------------------------------ topology
+    def namespace(self, machine: int) -> str:
+        return f"gnnscale-{self.tag}-m{machine}"
+
+    def address(self, machine: int) -> str:
+        return f"{self.subnet}.{machine + 2}"
+
+    @property
+    def bridge(self) -> str:
+        return f"gsc{self.tag}br"
+
+    def __enter__(self) -> EmulatedCluster:
+        check_host()
+        remove_stale()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            self._make_links()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _make_links(self) -> None:
+        self.subnet = _free_subnet()
+        _ip("link", "add", self.bridge, "type", "bridge")
+        self._made.append(self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for m in range(self.spec.machines):
+            ns, veth = self.namespace(m), f"gsc{self.tag}v{m}"
+            _ip("netns", "add", ns)
+            self._made.append(ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._made.append(veth)
+            _ip("link", "set", veth, "master", self.bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.address(m)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if self.spec.rate is not None:
+                shaped = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                                         self.spec.rate, "burst", str(burst_bytes(self.spec.rate)), "latency", "50ms"],
+                                        capture_output=True, text=True)
+                if shaped.returncode != 0:
+                    raise ClusterError(f"tc could not shape {ns}'s link to {self.spec.rate}: {shaped.stderr.strip()}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every process, then delete namespaces (their veth ends go with them) and the bridge."""
+        for process in self._processes:
+            _stop_group(process)
+        self._processes.clear()
+        for name in reversed(self._made):
+            if name.startswith("gnnscale-"):
+                _kill_namespace_processes(name)
+                _ip("netns", "del", name, check=False)
+            else:
+                _ip("link", "del", name, check=False)
+        self._made.clear()
+        for sig, handler in getattr(self, "_previous", {}).items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    # ------------------------------------------------------------------ processes
+    def in_machine(self, machine: int, command: Sequence[str]) -> list[str]:
+        """``command`` run in machine ``machine``'s namespace, pinned to its cores."""
+        cores = ",".join(map(str, self.spec.cores(machine)))
+        return ["ip", "netns", "exec", self.namespace(machine), "taskset", "-c", cores, *command]
+
+    def torchrun_command(self, machine: int, command: Sequence[str], run_id: str) -> list[str]:
+        spec = self.spec
+        return self.in_machine(machine, [
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.machines}",
+            f"--nproc-per-node={spec.nproc_per_machine}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.address(0)}:{RDZV_PORT}", f"--rdzv-id={run_id}",
+            f"--rdzv-conf=is_host={int(machine == 0)}", f"--local-addr={self.address(machine)}",
+            "--max-restarts=0", *command])
+
+    def machine_env(self) -> dict[str, str]:
+        threads = str(self.spec.cores_per_machine)
+        # gloo and tensorpipe pick the interface by name: eth0 is the shaped link in every namespace.
+        return {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "TP_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": threads,
+                "PYTHONUNBUFFERED": "1"}
+
+    def run(self, command: Sequence[str], *, timeout: float, name: str = "run") -> list[MachineRun]:
+        """Launch ``torchrun <rendezvous options> command`` on every machine and wait for all.
+
+        A machine that fails stops the others (its peers would wait out their timeouts); past
+        ``timeout`` seconds every machine is stopped and the run reported with exit code 124.
+        """
+        busy = [self._start(self.in_machine(m, [sys.executable, "-c", "while True: pass"]), None)
+                for m in self.spec.slow_machines]
+        run_id = f"{name}-{self.tag}-{time.monotonic_ns()}"
+        logs = [self.log_dir / f"{name}-machine{m}.log" for m in range(self.spec.machines)]
+        start = time.perf_counter()
+        agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ")
+                  for m in range(self.spec.machines)]
+        seconds, stopped = [0.0] * len(agents), set()
+        codes = self._wait(agents, seconds, stopped, start, timeout)
+        for process in busy + agents:
+            _stop_group(process)
+        return [MachineRun(m, codes[m], seconds[m], logs[m], m in stopped) for m in range(len(agents))]
+
+    def _wait(self, agents: list[subprocess.Popen], seconds: list[float], stopped: set[int], start: float,
+              timeout: float) -> list[int]:
+        codes: list[int | None] = [None] * len(agents)
+        while any(c is None for c in codes):
+            for m, process in enumerate(agents):
+                if codes[m] is None and process.poll() is not None:
+                    codes[m], seconds[m] = process.returncode, time.perf_counter() - start
+            if any(c not in (None, 0) for c in codes) or time.perf_counter() - start > timeout:
+                late = 124 if time.perf_counter() - start > timeout else -signal.SIGTERM
+                for m, process in enumerate(agents):
+                    if codes[m] is None:
+                        _stop_group(process)
+                        stopped.add(m)
+                        codes[m], seconds[m] = late, time.perf_counter() - start
+            time.sleep(0.05)
+        return [int(c) for c in codes]
+
+    def _start(self, command: list[str], log: Path | None, prefix: str = "") -> subprocess.Popen:
+        out = subprocess.PIPE if log is not None else subprocess.DEVNULL
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.machine_env(),
+                                   start_new_session=True, text=True)
+        self._processes.append(process)
+        if log is not None:
+            threading.Thread(target=_copy_lines, args=(process.stdout, log, self.echo, prefix), daemon=True).start()
+        return process
+
+
+def _copy_lines(stream: IO[str], log: Path, echo: IO[str] | None, prefix: str) -> None:
+    with open(log, "w") as handle:
+        for line in stream:
+            handle.write(line)
+            handle.flush()
+            if echo is not None:
+                echo.write(prefix + line)
+                echo.flush()
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM the process's session, SIGKILL it after 5 s."""
+    if process.poll() is None:
+        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    try:  # the session may outlive its leader: stragglers of a finished agent
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
