@@ -17,6 +17,9 @@ import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
+IMPLIED_FINGERPRINT = {"wire_dtype": "float32"}
+"""Fingerprint fields added after checkpoints were first written, with the value that every checkpoint
+lacking them was written with (so those still resume, and only with the same setting)."""
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -48,7 +51,8 @@ def load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
                          f"delete it or point --out elsewhere")
     saved = payload.get("fingerprint", {})
     for key, value in fingerprint.items():
-        if saved.get(key) != value:
-            raise ValueError(f"{path} was written by a different run ({key} = {saved.get(key)!r}, this run has "
+        recorded = saved.get(key, IMPLIED_FINGERPRINT.get(key))
+        if recorded != value:
+            raise ValueError(f"{path} was written by a different run ({key} = {recorded!r}, this run has "
                              f"{value!r}); resume with the same settings, or use a fresh --out")
     return payload

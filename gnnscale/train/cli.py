@@ -16,6 +16,8 @@ from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
 from gnnscale.options import NoEffect, Parser, add_section, run_command
 
 DEFAULT_FANOUTS = (15, 10, 5)
+WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
+"""``--wire-dtype`` choices: :data:`gnnscale.distributed.wire.WIRE_DTYPES`, without importing torch to parse."""
 
 log = logging.getLogger("gnnscale.train")
 
@@ -63,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
                       help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
                            "while sampling a few batches first")
+    dist.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
+                      help="how remote feature rows (cache fill included) and evaluation's halo embeddings cross "
+                           "the wire, d values a row: float32 exact (4d bytes); float16 (2d) within 2^-11 relative, "
+                           "beyond +-65504 clamped; bfloat16 (2d) within 2^-8 relative; int8 (d+4) within "
+                           "max|row|/254 absolute. GCN degrees stay exact")
     add_section(parser, "distributed", group=dist)
     add_section(parser, "checkpoint")
     add_section(parser, "run")
@@ -92,6 +99,7 @@ NO_EFFECT = (
              "with --device cpu the feature table is already there"),
     NoEffect("--failure-timeout", lambda args, world_size: world_size == 1, "a world of one has no other rank "
              "to wait for"),
+    NoEffect("--wire-dtype", lambda args, world_size: world_size == 1, "a world of one sends no rows over a wire"),
 )
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
 
@@ -145,7 +153,7 @@ def build_configs(args: argparse.Namespace):
                                seed=args.seed, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
                                checkpoint_every=args.checkpoint_every, resume=args.resume)
-    cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy)
+    cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype)
     return model_config, sampler_config, train_config, cache_config
 
 
@@ -182,7 +190,8 @@ def run(args: argparse.Namespace) -> dict:
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
-        "world_size": env.world_size, "partitions": str(args.partitions) if args.partitions else None,
+        "world_size": env.world_size, "wire_dtype": trainer.wire_dtype,
+        "partitions": str(args.partitions) if args.partitions else None,
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,
     }

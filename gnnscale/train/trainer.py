@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from gnnscale.batch import Block
+from gnnscale.distributed import wire
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
@@ -101,7 +102,7 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class CacheConfig:
-    """Which remote feature rows each rank keeps (more than one rank only)."""
+    """Which remote feature rows each rank keeps, and how remote rows travel (more than one rank only)."""
 
     cache_mb: float = 64.0
     """MiB of remote feature rows each rank caches (0 disables the cache)."""
@@ -110,8 +111,13 @@ class CacheConfig:
     while sampling ``presample_batches`` mini-batches)."""
     presample_batches: int = 8
     """Mini-batches sampled to count requests with the ``presample`` policy."""
+    wire_dtype: str = "float32"
+    """How feature rows (cache fill included) and evaluation's halo embeddings cross the wire: ``float32``
+    exactly, or ``float16``/``bfloat16``/``int8`` within the bounds of :mod:`gnnscale.distributed.wire`.
+    GCN degrees always travel exactly."""
 
     def __post_init__(self) -> None:
+        wire.check_wire_dtype(self.wire_dtype)
         if self.cache_mb < 0:
             raise ValueError(f"--cache-mb must be >= 0, got {self.cache_mb}")
         if self.cache_policy not in ("degree", "presample"):
@@ -168,9 +174,12 @@ class Trainer:
         self.start, self.end = part.node_range
         self.exchanger = Exchanger(runtime.sample_group, self.rank, self.world_size)
         self.split = split
+        cache_config = cache_config or CacheConfig()
+        # What actually crosses the wire: a world of one sends nothing, its rows stay exact.
+        self.wire_dtype = cache_config.wire_dtype if self.world_size > 1 else "float32"
         self._load_shard(split)
         self._plan_steps()
-        self._build_stores(sampler_config, cache_config or CacheConfig())
+        self._build_stores(sampler_config, cache_config)
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank, the global RNG untouched
             torch.manual_seed(config.seed)
             self.module = GNN(model_config, self.features.row_shape[0], part.num_classes).to(self.device)
@@ -182,7 +191,7 @@ class Trainer:
         self.fingerprint = {"num_nodes": part.book.num_nodes, "world_size": self.world_size, "split": split,
                             "model": repr(model_config), "sampler": repr(sampler_config),
                             "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
-                            "weight_decay": config.weight_decay}
+                            "weight_decay": config.weight_decay, "wire_dtype": self.wire_dtype}
 
     # ------------------------------------------------------------------ set-up
     def _check_pipeline_options(self) -> None:
@@ -207,7 +216,8 @@ class Trainer:
         self.labels = torch.from_numpy(resident(part.labels, np.int64))
         self.graph = LocalGraph(resident(part.indptr, np.int64), resident(part.indices, np.int64), start=self.start)
         offsets = torch.from_numpy(np.asarray(part.book.offsets, dtype=np.int64))
-        self.features = DistTable(torch.from_numpy(resident(part.features, np.float32)), offsets, self.exchanger)
+        self.features = DistTable(torch.from_numpy(resident(part.features, np.float32)), offsets, self.exchanger,
+                                  wire_dtype=self.wire_dtype)
         # The 1-hop halo: every non-owned source of an owned node's in-edge, with its edge count.
         self.halo_ids, self._halo_counts = edge_source_counts(self.graph.indices, self.start, self.end)
 
@@ -329,7 +339,7 @@ class Trainer:
             for block, rows in self._eval_blocks_of_owned():
                 x = every.index_select(0, rows).to(self.device)
                 out[block.dst_ids - self.start] = self.module.layer(layer, block.to(self.device), x).cpu()
-            table = DistTable(out, self.features.offsets, self.exchanger)
+            table = DistTable(out, self.features.offsets, self.exchanger, wire_dtype=self.wire_dtype)
         return table.rows
 
     def evaluate(self) -> tuple[float, float]:
