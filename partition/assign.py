@@ -35,39 +35,63 @@ def assign_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.nda
         if config.balance:
             log.info("--method random balances node counts exactly; --balance %s is not used",
                      ",".join(config.balance))
-        return random_parts(dataset.num_nodes, config.num_parts, config.seed), {"method": "random", "balance": []}
+        return random_parts(dataset.num_nodes, config.num_parts, config.seed, _shares(config)), \
+            {"method": "random", "balance": []}
     return metis_parts(dataset, config)
 
 
-def random_parts(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
-    """int64 [num_nodes]: a random permutation dealt into ``num_parts`` blocks whose sizes differ by at most one."""
+def random_parts(num_nodes: int, num_parts: int, seed: int, shares: np.ndarray | None = None) -> np.ndarray:
+    """int64 [num_nodes]: a random permutation dealt into ``num_parts`` blocks whose sizes differ by at most one,
+    or, given ``shares`` (float64 [num_parts], summing to 1), are ``round(cumsum(shares) * num_nodes)`` apart."""
     parts = np.empty(num_nodes, dtype=np.int64)
-    parts[np.random.default_rng(seed).permutation(num_nodes)] = np.arange(num_nodes, dtype=np.int64) * num_parts \
-        // num_nodes
+    order = np.random.default_rng(seed).permutation(num_nodes)
+    if shares is None:
+        parts[order] = np.arange(num_nodes, dtype=np.int64) * num_parts // num_nodes
+    else:
+        ends = np.rint(np.cumsum(shares[:-1]) * num_nodes).astype(np.int64)
+        parts[order] = np.searchsorted(ends, np.arange(num_nodes, dtype=np.int64), side="right")
     return parts
 
 
 def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndarray, dict]:
     """METIS k-way partition of the symmetrised graph with one vertex-weight column per constraint,
-    then (``config.rebalance``) :func:`~partition.rebalance.rebalance` where METIS misses its tolerance."""
+    then (``config.rebalance``) :func:`~partition.rebalance.rebalance` where METIS misses its tolerance;
+    with ``config.part_weights`` every constraint's tolerance is relative to each partition's share."""
     import pymetis  # noqa: PLC0415 - only this method needs it
 
     xadj, adjncy = metis_adjacency(dataset.indptr, dataset.indices)
     weights, used = vertex_weights(dataset, config.balance, config.split)
+    shares = _shares(config)
     tolerance = 1 + config.ufactor / 1000
     options = pymetis.Options(seed=config.seed, ufactor=config.ufactor, niter=config.niter)
     # k-way rather than pymetis' default for K <= 8 (recursive bisection): on the 1M-node
     # benchmark graph k-way is about a quarter faster and cuts 13.8% of edges instead of 14.8%.
-    result = pymetis.part_graph(config.num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=weights.ravel(),
-                                recursive=False, options=options)
+    if shares is None:
+        result = pymetis.part_graph(config.num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=weights.ravel(),
+                                    recursive=False, options=options)
+    else:
+        # pymetis (2025.2.2) calls METIS with ncon = 1 whatever vweights holds, and refuses a tpwgts of
+        # K x ncon entries: METIS gets one column, the constraints summed at equal totals, and K target
+        # shares of it; rebalance() then brings every constraint to within the tolerance of its share.
+        result = pymetis.part_graph(config.num_parts, pymetis.CSRAdjacency(xadj, adjncy),
+                                    vweights=combined_weights(weights), tpwgts=shares.tolist(), recursive=False,
+                                    options=options)
     parts = np.asarray(result.vertex_part, dtype=np.int64)
-    metis_balance = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts), 4).tolist()))
+    metis_balance = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
+    # Weighted shares are kept from below too: a partition short of its share is a fast rank left idle.
+    floor = 0.0 if shares is None else 2 - tolerance
+    below = shares is not None and share_ratios(parts, weights, config.num_parts, shares).min() < floor
     moved = 0
-    if config.rebalance and max(metis_balance.values()) > tolerance:
-        parts, moved = rebalance(parts, weights, xadj, adjncy, config.num_parts, tolerance)
-        log.info("METIS left balance %s, above its tolerance %.3f: moved %d nodes to reach %s", metis_balance,
-                 tolerance, moved, dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts), 4)
-                                            .tolist())))
+    if config.rebalance and (max(metis_balance.values()) > tolerance or below):
+        parts, moved = rebalance(parts, weights, xadj, adjncy, config.num_parts, tolerance, shares=shares,
+                                 floor=floor)
+        reached = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
+        if shares is None:
+            log.info("METIS left balance %s, above its tolerance %.3f: moved %d nodes to reach %s", metis_balance,
+                     tolerance, moved, reached)
+        else:
+            log.info("METIS left max achieved/requested share %s, outside [%.3f, %.3f]: moved %d nodes to reach %s",
+                     metis_balance, floor, tolerance, moved, reached)
     info = {"method": "metis", "balance": list(used), "split": config.split,
             "metis_options": {"ufactor": config.ufactor, "niter": config.niter, "seed": config.seed,
                               "objective": "edge cut", "scheme": "k-way"},
@@ -76,12 +100,37 @@ def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndar
     return parts, info
 
 
-def max_over_mean(parts: np.ndarray, weights: np.ndarray, num_parts: int) -> np.ndarray:
+def max_over_mean(parts: np.ndarray, weights: np.ndarray, num_parts: int,
+                  shares: np.ndarray | None = None) -> np.ndarray:
     """float64 [ncon]: for each column of ``weights`` (int64 [N, ncon]), the largest partition total
-    over the mean partition total, partitions given by ``parts`` (int64 [N])."""
+    over the mean partition total, partitions given by ``parts`` (int64 [N]); given ``shares``
+    (float64 [num_parts]), the largest ratio of a partition's total to its target ``share * sum``."""
+    if shares is not None:
+        return share_ratios(parts, weights, num_parts, shares).max(axis=1)
     totals = np.stack([np.bincount(parts, weights=weights[:, c], minlength=num_parts)
                        for c in range(weights.shape[1])])
     return totals.max(axis=1) / np.maximum(totals.mean(axis=1), 1e-300)
+
+
+def share_ratios(parts: np.ndarray, weights: np.ndarray, num_parts: int, shares: np.ndarray) -> np.ndarray:
+    """float64 [ncon, num_parts]: each partition's total of each column of ``weights`` (int64 [N, ncon]) over
+    its target, ``shares[p]`` times the column's sum."""
+    totals = np.stack([np.bincount(parts, weights=weights[:, c], minlength=num_parts)
+                       for c in range(weights.shape[1])])
+    return totals / np.maximum(shares[None, :] * totals.sum(axis=1, keepdims=True), 1e-300)
+
+
+def combined_weights(weights: np.ndarray) -> np.ndarray:
+    """int64 [N]: the columns of ``weights`` (int64 [N, ncon], none all zero), each scaled to a mean of 100
+    per node, summed and rounded: one METIS constraint in which every column counts alike."""
+    combined = np.zeros(weights.shape[0], dtype=np.float64)
+    for c in range(weights.shape[1]):
+        combined += weights[:, c] * (100 * weights.shape[0] / weights[:, c].sum())
+    return np.rint(combined).astype(np.int64)
+
+
+def _shares(config: PartitionConfig) -> np.ndarray | None:
+    return None if config.part_weights is None else np.asarray(config.part_weights, dtype=np.float64)
 
 
 def vertex_weights(dataset: GraphDataset, balance: tuple[str, ...], split: int) -> tuple[np.ndarray, tuple[str, ...]]:

@@ -20,7 +20,7 @@ from partition.config import BALANCE_CONSTRAINTS, METHODS, PartitionConfig
 from partition.format import PartitionError
 from partition.partitioner import partition_graph
 from partition.report import StageMonitor, format_report
-from partition.verify import verify
+from partition.verify import format_shares, verify
 from partition.writer import check_output
 
 log = logging.getLogger("partition")
@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--balance", default=",".join(BALANCE_CONSTRAINTS),
                        help="METIS balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
                        + " (train: the training nodes of --split)")
+    group.add_argument("--part-weights", metavar="W0,W1,...", help="relative partition sizes, one positive number "
+                       "per partition (e.g. 1,2: partition 1 twice partition 0, for a rank twice as fast); every "
+                       "--balance constraint targets these shares; None = equal")
     group.add_argument("--no-rebalance", action="store_true", help="keep METIS' assignment even where it misses "
                        "its balance tolerance (1.03 per constraint): smaller cut, worse balance")
     group.add_argument("--halo-hops", type=int, default=1, help="list non-owned nodes within this many in-hops")
@@ -89,7 +92,7 @@ def partition_main(argv: list[str], command: str) -> int:
         check_ranges(parser, args)
         config = PartitionConfig(num_parts=args.num_parts, method=args.method, balance=args.balance,
                                  halo_hops=args.halo_hops, seed=args.seed, split=args.split,
-                                 rebalance=not args.no_rebalance)
+                                 rebalance=not args.no_rebalance, part_weights=args.part_weights)
         check_output(args.out, args.force)  # before a load that may take minutes
         check_out(args.out)
         monitor = StageMonitor(log.info)
@@ -124,8 +127,10 @@ def verify_main(argv: list[str]) -> int:
         print(f"verify failed: {exc}", file=sys.stderr)
         return 1
     compared = f", equal to dataset {summary['dataset']}" if summary["dataset"] else ""
+    shares = f"; shares {format_shares(summary['shares'])}" if summary["shares"] else ""
     print(f"OK {args.dir}: {summary['num_parts']} partitions, {summary['num_nodes']:,} nodes, "
-          f"{summary['num_edges']:,} edges{compared}" + ("" if summary["checksums"] else " (checksums skipped)"))
+          f"{summary['num_edges']:,} edges{compared}" + ("" if summary["checksums"] else " (checksums skipped)")
+          + shares)
     return 0
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 
 METHODS = ("metis", "random")
 BALANCE_CONSTRAINTS = ("nodes", "train", "edges")
@@ -40,7 +41,14 @@ class PartitionConfig:
     graph 4 gives the same cut as 10, about 5% faster; >= 1."""
     rebalance: bool = True
     """Move nodes after METIS until every constraint is within ``1 + ufactor/1000`` of its mean
-    (:mod:`partition.rebalance`); off keeps METIS' smaller cut and worse balance.  Not used by ``"random"``."""
+    (:mod:`partition.rebalance`); with ``part_weights``, within ``1 -/+ ufactor/1000`` of each partition's
+    share.  Off keeps METIS' smaller cut and worse balance.  Not used by ``"random"``."""
+    part_weights: tuple[float, ...] | None = None
+    """Relative size of each partition, one positive finite number per partition (e.g. ``(1, 2)``:
+    partition 1 gets twice the nodes, training nodes and edges of partition 0, for a rank twice
+    as fast), or a comma-separated string of them (``--part-weights``); stored normalised to sum 1.
+    ``None``: equal shares.  Every balance constraint, and ``"random"``'s node counts, target
+    these shares; the tolerance applies to each partition's own target."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rebalance, bool):
@@ -71,3 +79,35 @@ class PartitionConfig:
             raise ValueError(f"ufactor must be in [1, 1000] (thousandths of imbalance), got {self.ufactor}")
         if self.niter < 1:
             raise ValueError(f"niter must be >= 1, got {self.niter}")
+        if self.part_weights is not None:
+            self.part_weights = normalised_weights(self.part_weights, self.num_parts)
+
+
+def normalised_weights(weights: str | Iterable[float], num_parts: int) -> tuple[float, ...]:
+    """``weights`` (``"1,2"`` or numbers) checked and scaled to sum 1.
+
+    Raises:
+        TypeError: neither a string nor an iterable.
+        ValueError: not numbers, not ``num_parts`` of them, or one that is not positive and finite.
+    """
+    try:
+        text = weights if isinstance(weights, str) else ",".join(map(str, weights))
+    except TypeError:
+        raise TypeError(f"PartitionConfig.part_weights must be a comma-separated string or a sequence of numbers, "
+                        f"got {weights!r} ({type(weights).__name__})") from None
+    example = "e.g. --part-weights " + ",".join(["1"] * (num_parts - 1) + ["2"] if num_parts > 1 else ["1"])
+    try:
+        values = [float(item) for item in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--part-weights {text!r} is not a comma-separated list of numbers; give one relative "
+                         f"size per partition, {example}") from None
+    if len(values) != num_parts:
+        raise ValueError(f"--part-weights {text!r} gives {len(values)} weight(s) for --num-parts {num_parts}; give "
+                         f"exactly one per partition, {example}")
+    bad = [i for i, value in enumerate(values) if not (math.isfinite(value) and value > 0)]
+    if bad:
+        raise ValueError(f"--part-weights {text!r}: the weight of partition {bad[0]} is {values[bad[0]]}, but every "
+                         f"weight must be a positive finite number (a rank's relative speed), {example}")
+    largest = max(values)  # scaled first, so that weights near the float maximum do not overflow the sum
+    total = math.fsum(value / largest for value in values)
+    return tuple(value / largest / total for value in values)

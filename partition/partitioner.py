@@ -64,7 +64,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
             writer.abort()
             raise
         quality = quality_figures(part_stats, dataset.num_edges, assign_info.get("balance", []),
-                                  assign_info.get("metis_cut_undirected_edges"))
+                                  assign_info.get("metis_cut_undirected_edges"), shares=config.part_weights)
         manifest = build_manifest(dataset, config, book, part_stats, files, quality, assign_info,
                                   monitor.summary(), command)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False) + "\n")
@@ -93,6 +93,8 @@ def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: Partiti
     n, s = dataset.num_nodes, dataset.num_splits
     partitioning = {"method": config.method, "num_parts": config.num_parts, "seed": config.seed,
                     "balance_requested": list(config.balance), **assign_info}
+    if config.part_weights is not None:  # optional: a folder without it has equal shares
+        partitioning.update(part_weights=list(config.part_weights), split=config.split)
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,

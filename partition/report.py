@@ -7,11 +7,14 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
 _GIB = 2**30
+# The per-partition share columns of the report, where --part-weights was given: ``quality["shares"]`` key -> title.
+_SHARE_COLUMNS = {"requested": "requested share", "nodes": "node share", "train": "train share",
+                  "edges": "edge share"}
 
 
 def _high_water_bytes() -> int:
@@ -68,16 +71,25 @@ class StageMonitor:
                 "peak_rss_gib": round(_high_water_bytes() / _GIB, 3)}
 
 
-def quality_figures(parts: list[dict], num_edges: int, constrained: list[str], metis_cut: int | None) -> dict:
+def quality_figures(parts: list[dict], num_edges: int, constrained: list[str], metis_cut: int | None, *,
+                    shares: Sequence[float] | None = None) -> dict:
     """Edge cut, balance per constraint, halo sizes and replication factor from per-partition counts.
 
     ``balance`` is max/mean over partitions of owned nodes, training nodes and stored
     in-edges -- all three, whether or not METIS was asked to balance them (``constrained``).
+    Given ``shares`` (each partition's requested share, summing to 1) it is the largest
+    achieved/requested share instead, and ``shares`` records both per partition.
     """
     def max_over_mean(key: str) -> float:
+        if shares is not None:
+            return round(max(value / share for value, share in zip(achieved(key), shares)), 4)
         values = [p[key] for p in parts]
         mean = sum(values) / len(values)
         return round(max(values) / mean, 4) if mean else 1.0
+
+    def achieved(key: str) -> list[float]:
+        values = [p[key] for p in parts]
+        return [value / sum(values) if sum(values) else share for value, share in zip(values, shares)]
 
     num_nodes = sum(p["num_nodes"] for p in parts)
     num_cut = sum(p["num_cut_edges"] for p in parts)
@@ -93,23 +105,32 @@ def quality_figures(parts: list[dict], num_edges: int, constrained: list[str], m
     }
     if metis_cut is not None:
         figures["metis_cut_undirected_edges"] = metis_cut
+    if shares is not None:
+        figures["shares"] = {"requested": [round(share, 4) for share in shares],
+                             **{name: [round(value, 4) for value in achieved(f"num_{name}")]
+                                for name in ("nodes", "train", "edges")}}
     return figures
 
 
 def format_report(manifest: dict) -> str:
     """The quality and stage tables of a manifest, as printed by the command line."""
     quality, parts = manifest["quality"], manifest["parts"]
-    lines = [f"{'part':>4}  {'nodes':>12}  {'in-edges':>13}  {'cut in-edges':>13}  {'train':>10}  {'halo':>11}"]
+    shares = quality.get("shares")  # only where --part-weights was given
+    lines = [f"{'part':>4}  {'nodes':>12}  {'in-edges':>13}  {'cut in-edges':>13}  {'train':>10}  {'halo':>11}"
+             + "".join(f"  {title}" for title in _SHARE_COLUMNS.values() if shares)]
     for p in parts:
         lines.append(f"{p['part']:>4}  {p['num_nodes']:>12,}  {p['num_edges']:>13,}  {p['num_cut_edges']:>13,}  "
-                     f"{p['num_train']:>10,}  {p['num_halo']:>11,}")
+                     f"{p['num_train']:>10,}  {p['num_halo']:>11,}"
+                     + "".join(f"  {shares[key][p['part']]:>{len(title)}.4f}"
+                               for key, title in _SHARE_COLUMNS.items() if shares))
     constrained = set(quality["balance_constrained"])
     balance = "  ".join(f"{name} {value:.3f}{'*' if name in constrained else ''}"
                         for name, value in quality["balance"].items())
     lines += [
         f"edge cut: {quality['edge_cut_fraction']:.2%} of {manifest['num_edges']:,} stored edges "
         f"({quality['num_cut_edges']:,} cross partitions)",
-        f"balance max/mean: {balance}" + ("   (* = METIS constraint)" if constrained else ""),
+        f"balance max/{'requested share' if shares else 'mean'}: {balance}"
+        + ("   (* = METIS constraint)" if constrained else ""),
         f"halo (H={manifest['halo_hops']}): replication factor (owned + halo) / owned = "
         f"{quality['replication_factor']:.3f}",
     ]

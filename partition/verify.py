@@ -3,20 +3,23 @@
 The checks, in order (docs/partitioning.md): the manifest; every file listed, present, of its recorded
 size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; each partition's invariants as
 ``load_partition`` checks them (CSC offsets, id and label ranges, ``orig2new`` and ``orig_ids`` inverting
-each other); the edge count and the H-hop halos recomputed from the partitions' own edges; with a
+each other); the edge count and the H-hop halos recomputed from the partitions' own edges; where the
+manifest records ``part_weights``, the achieved shares counted in the arrays (reported, not judged); with a
 dataset, the same in-edges (as multisets, in original ids), features, labels and masks.  Each failure
 raises :class:`PartitionError` naming the file and the problem.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
-from partition.format import ORIG2NEW, PART_ARRAYS, REPAIR, PartitionError, check_file, part_file, read_manifest
+from partition.format import (MANIFEST, ORIG2NEW, PART_ARRAYS, REPAIR, PartitionError, check_file, part_file,
+                              read_manifest)
 from partition.halo import expand_halo
 from partition.load import check_partition, node_offsets, open_book, open_part_arrays
 from partition.segments import gather_segments, node_chunks
@@ -74,13 +77,47 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
     _check_structure(manifest, parts, offsets)
     passed(f"structure: CSC offsets, source ids, edge count {manifest['num_edges']:,}, labels and "
            f"{manifest['halo_hops']}-hop halos are consistent")
+    shares = _check_shares(root, manifest, parts, offsets, passed)
 
     if dataset is not None:
         _compare_with_dataset(manifest, parts, offsets, new2orig, dataset)
         passed(f"dataset {dataset.name}: every edge stored exactly once as an owned in-edge; features, labels "
                f"and masks equal")
-    return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"],
+    return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"], "shares": shares,
             "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
+
+
+def format_shares(shares: dict[str, list[float]]) -> str:
+    """``requested 0.333/0.667, nodes 0.334/0.666, ...``: requested and achieved shares, one list per name."""
+    return ", ".join(f"{name} " + "/".join(f"{share:.3f}" for share in values) for name, values in shares.items())
+
+
+def _check_shares(root: Path, manifest: dict, parts: list[dict], offsets: np.ndarray,
+                  passed: Callable[[str], None]) -> dict[str, list[float]] | None:
+    """The requested shares (``partitioning.part_weights``, an optional field) and the achieved shares of owned
+    nodes, training nodes and stored in-edges, counted in the arrays; None for a folder of equal shares."""
+    partitioning = manifest.get("partitioning") or {}
+    requested, split = partitioning.get("part_weights"), partitioning.get("split", 0)
+    if requested is None:
+        return None
+    num_parts = manifest["num_parts"]
+    if not (isinstance(requested, list) and len(requested) == num_parts
+            and all(type(w) in (int, float) and math.isfinite(w) and w > 0 for w in requested)
+            and abs(math.fsum(requested) - 1) < 1e-6):
+        raise PartitionError(f"{root / MANIFEST}: partitioning.part_weights {requested!r} is not a list of "
+                             f"{num_parts} positive shares summing to 1; {REPAIR}")
+    if type(split) is not int or not 0 <= split < manifest["num_splits"]:
+        raise PartitionError(f"{root / MANIFEST}: partitioning.split {split!r} is not one of the "
+                             f"{manifest['num_splits']} split(s) in the folder; {REPAIR}")
+    counts = {"nodes": np.diff(offsets), "train": [int(np.count_nonzero(a["train_masks"][split])) for a in parts],
+              "edges": [a["indices"].shape[0] for a in parts]}
+    shares = {"requested": [float(w) for w in requested]}
+    for name, values in counts.items():
+        total = sum(int(v) for v in values)
+        shares[name] = [int(v) / total if total else float(w) for v, w in zip(values, requested)]
+    passed(f"shares: {format_shares(shares)} (requested, then achieved: owned nodes, training nodes of split "
+           f"{split}, stored in-edges)")
+    return shares
 
 
 def _check_structure(manifest: dict, parts: list[dict], offsets: np.ndarray) -> None:
