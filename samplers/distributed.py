@@ -11,6 +11,11 @@ the single-machine blocks on any number of ranks.
 
 Every rank must call :meth:`DistNeighborSampler.sample` the same number of times (the
 trainer runs the same number of steps on every rank).
+
+With a replicated topology (SALIENT++'s choice where the structure fits in memory) every rank holds
+the in-edges of the whole graph (:func:`replicate_structure`, one all-gather at start-up) and samples
+any frontier locally with the same kernel: no request crosses the network, and only feature rows
+move.  At fanout ``-1`` its blocks equal the partitioned sampler's.
 """
 
 from __future__ import annotations
@@ -51,6 +56,21 @@ class LocalGraph:
         return sample_in_edges(self.indptr, self.indices, global_dst.numpy() - self.start, fanout, replace, rng)
 
 
+def structure_bytes(num_nodes: int, num_edges: int) -> int:
+    """Bytes of a whole-graph CSC as :class:`LocalGraph` holds it (int64 offsets and sources)."""
+    return 8 * (num_nodes + 1) + 8 * num_edges
+
+
+def replicate_structure(graph: LocalGraph, exchanger: Exchanger) -> LocalGraph:
+    """The in-edges of the whole graph, from every rank's own (a collective; partitions own contiguous
+    id ranges in rank order, so concatenating them in rank order is the whole CSC in global ids)."""
+    degrees = exchanger.all_gather_rows(graph.degree)
+    indices = exchanger.all_gather_rows(torch.from_numpy(graph.indices))
+    indptr = np.zeros(degrees.numel() + 1, dtype=np.int64)
+    np.cumsum(degrees.numpy(), out=indptr[1:])
+    return LocalGraph(indptr, indices.numpy(), start=0)
+
+
 class DistNeighborSampler:
     """Samples :class:`MiniBatch` es over a partitioned graph (ids are new global ids).
 
@@ -60,15 +80,21 @@ class DistNeighborSampler:
         exchanger: the sampling group's collective channel.
         config: fanouts, replacement, self-loops, GCN weights.
         degrees: full-graph in-degree table (needed for ``gcn_norm``), cached for the halo.
+        replicated: ``graph`` is the whole graph (:func:`replicate_structure`): every frontier is sampled
+            here, and GCN degrees are read from it (``degrees`` is then not needed).
     """
 
     def __init__(self, graph: LocalGraph, offsets: Tensor, exchanger: Exchanger, config: SamplerConfig,
-                 degrees: DistTable | None = None) -> None:
-        if config.gcn_norm and degrees is None:
+                 degrees: DistTable | None = None, *, replicated: bool = False) -> None:
+        if config.gcn_norm and degrees is None and not replicated:
             raise ValueError("gcn_norm needs the degree table of the whole graph; pass degrees=")
         self.graph, self.config, self.exchanger = graph, config, exchanger
         self.offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        if replicated and graph.num_owned != int(self.offsets[-1]):
+            raise ValueError(f"a replicated sampler needs the whole graph ({int(self.offsets[-1])} nodes), "
+                             f"got {graph.num_owned}")
         self.degrees = degrees
+        self.replicated = replicated
         self.world_size = exchanger.world_size
 
     def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator) -> MiniBatch:
@@ -76,6 +102,8 @@ class DistNeighborSampler:
         fanouts = list(self.config.fanouts if fanouts is None else fanouts)
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
         degrees = self.degrees.gather if self.degrees is not None else None
+        if self.replicated:
+            degrees = self.local_degrees
         blocks = []
         dst = seeds
         for fanout in reversed(fanouts):
@@ -85,9 +113,13 @@ class DistNeighborSampler:
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
 
+    def local_degrees(self, ids: Tensor) -> Tensor:
+        """Full-graph in-degrees (float) of any ``ids``, read from a replicated graph."""
+        return self.graph.degree.index_select(0, ids).to(torch.float32)
+
     def _sample_frontier(self, dst: Tensor, fanout: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
         """Sampled in-neighbours of any ``dst``: owned ones here, the others by their owners."""
-        if self.world_size == 1:
+        if self.world_size == 1 or self.replicated:
             return self.graph.sample(dst, fanout, self.config.replace, rng)
         owner = torch.searchsorted(self.offsets, dst, right=True) - 1
         order, sizes = split_by_owner(owner, self.world_size)

@@ -48,7 +48,7 @@ def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
     from gnnscale.distributed.env import init_runtime, read_env
     from gnnscale.distributed.feature_store import DistTable, edge_source_counts
     from partition.load import load_partition
-    from samplers.distributed import DistNeighborSampler, LocalGraph
+    from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure
 
     part = load_partition(part_dir, rank)
     runtime = init_runtime(read_env(), timeout=60.0)
@@ -68,16 +68,23 @@ def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
             "random": torch.from_numpy(rng.choice(book.num_nodes, NUM_RANDOM_SEEDS, replace=False).astype(np.int64)),
         }
         out: dict[str, Any] = {"full": {}}
+        whole = replicate_structure(graph, exchanger)
         for name, config in SAMPLER_CONFIGS.items():
-            sampler = DistNeighborSampler(graph, offsets, exchanger, config, degrees)
-            for which, seeds in seed_sets.items():
-                out["full"][name, which] = (book.to_original(seeds.numpy()),
-                                            blocks_in_original_ids(sampler.sample(seeds, rng=rng), book))
+            for topology, sampler in (("partitioned", DistNeighborSampler(graph, offsets, exchanger, config, degrees)),
+                                      ("replicated", DistNeighborSampler(whole, offsets, exchanger, config,
+                                                                         replicated=True))):
+                for which, seeds in seed_sets.items():
+                    out["full"][name, topology, which] = (book.to_original(seeds.numpy()),
+                                                          blocks_in_original_ids(sampler.sample(seeds, rng=rng), book))
 
         # Sampled fanouts: each owner draws the neighbours of its nodes from the caller's generator.
         sampler = DistNeighborSampler(graph, offsets, exchanger, SamplerConfig(fanouts=SAMPLED_FANOUTS))
         batch = sampler.sample(seed_sets["train"], rng=np.random.default_rng(1000 + rank))
         out["sampled"] = (book.to_original(seed_sets["train"].numpy()), blocks_in_original_ids(batch, book))
+        replicated = DistNeighborSampler(whole, offsets, exchanger, SamplerConfig(fanouts=SAMPLED_FANOUTS),
+                                         replicated=True)
+        batch = replicated.sample(seed_sets["train"], rng=np.random.default_rng(2000 + rank))
+        out["sampled_replicated"] = (book.to_original(seed_sets["train"].numpy()), blocks_in_original_ids(batch, book))
         hub_draws = []
         for _ in range(HUB_DRAWS):
             # A collective: every rank calls, only rank 0 asks (for a node that rank 1 samples).
@@ -175,24 +182,27 @@ def assert_blocks_equal(got: list[dict], want: Any, *, what: str) -> None:
                                        err_msg=f"{where}: edge_weight")
 
 
+@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
 @pytest.mark.parametrize("config", sorted(SAMPLER_CONFIGS))
-def test_full_fanout_blocks_equal_the_single_machine_blocks(job: Job, config: str) -> None:
+def test_full_fanout_blocks_equal_the_single_machine_blocks(job: Job, config: str, topology: str) -> None:
+    """Partitioned and replicated topologies both give the single machine's blocks, hence each other's."""
     reference = NeighborSampler(job.dataset.indptr, job.dataset.indices, SAMPLER_CONFIGS[config])
     compared_edges = 0
     for rank, result in enumerate(job.results):
         for which in ("train", "random"):
-            seeds_orig, blocks = result["full"][config, which]
+            seeds_orig, blocks = result["full"][config, topology, which]
             want = reference.sample(torch.from_numpy(seeds_orig), rng=np.random.default_rng(0))
-            assert_blocks_equal(blocks, want, what=f"{job.name} rank {rank} {which} seeds, {config}")
+            assert_blocks_equal(blocks, want, what=f"{job.name} rank {rank} {which} seeds, {config}, {topology}")
             compared_edges += sum(b.num_edges for b in want.blocks)
     assert compared_edges > job.dataset.num_edges // 10  # the comparison covered a real share of the graph
 
 
 # ---------------------------------------------------------------------- sampled fanout: distribution
-def test_sampled_blocks_hold_true_neighbours_min_fanout_without_repeats(job: Job) -> None:
+@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+def test_sampled_blocks_hold_true_neighbours_min_fanout_without_repeats(job: Job, topology: str) -> None:
     ds = job.dataset
     for rank, result in enumerate(job.results):
-        seeds_orig, blocks = result["sampled"]
+        seeds_orig, blocks = result["sampled" if topology == "partitioned" else "sampled_replicated"]
         assert len(blocks) == len(SAMPLED_FANOUTS)
         np.testing.assert_array_equal(blocks[-1]["src_ids"][:len(seeds_orig)], seeds_orig)
         for block, fanout in zip(blocks, SAMPLED_FANOUTS):

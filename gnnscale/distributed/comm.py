@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,14 +15,17 @@ from torch import Tensor
 
 @dataclass
 class CommStats:
-    """What this rank sent and received, reset at every epoch."""
+    """What this rank sent and received, and the wall seconds it spent in exchanges (waiting on its
+    peers included), reset at every epoch."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
     exchanges: int = 0
+    seconds: float = 0.0
 
     def reset(self) -> None:
         self.bytes_sent = self.bytes_received = self.exchanges = 0
+        self.seconds = 0.0
 
 
 class Exchanger:
@@ -61,6 +65,7 @@ class Exchanger:
                 torch.cat(chunks, out=out)
                 return list(out.split([c.shape[0] for c in chunks]))
             return list(chunks)
+        start = time.perf_counter()
         trailing = chunks[0].shape[1:]
         send_counts = torch.tensor([c.shape[0] for c in chunks], dtype=torch.int64)
         if recv_sizes is None:
@@ -85,6 +90,7 @@ class Exchanger:
         self.stats.bytes_sent += (sum(send_sizes) - send_sizes[self.rank]) * row_bytes
         self.stats.bytes_received += (sum(recv_sizes) - recv_sizes[self.rank]) * row_bytes
         self.stats.exchanges += 1
+        self.stats.seconds += time.perf_counter() - start
         return list(recv.split(recv_sizes))
 
     def all_reduce(self, values: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:

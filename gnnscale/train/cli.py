@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
                       help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
                            "while sampling a few batches first")
+    dist.add_argument("--topology", choices=("auto", "partitioned", "replicated"), default="auto",
+                      help="replicated: every rank holds the whole graph structure and samples without requests, "
+                           "only feature rows move; partitioned: each rank holds its own in-edges and asks owners "
+                           "for the rest; auto: replicated when it fits --topology-budget-mb")
+    dist.add_argument("--topology-budget-mb", type=float, default=1024.0, help="MiB per rank for the whole graph "
+                      "structure (8 bytes per node and per edge)")
     dist.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                       help="how remote feature rows (cache fill included) and evaluation's halo embeddings cross "
                            "the wire, d values a row: float32 exact (4d bytes); float16 (2d) within 2^-11 relative, "
@@ -100,6 +106,9 @@ NO_EFFECT = (
     NoEffect("--failure-timeout", lambda args, world_size: world_size == 1, "a world of one has no other rank "
              "to wait for"),
     NoEffect("--wire-dtype", lambda args, world_size: world_size == 1, "a world of one sends no rows over a wire"),
+    NoEffect("--topology", lambda args, world_size: world_size == 1, "a world of one holds the whole graph"),
+    NoEffect("--topology-budget-mb", lambda args, world_size: world_size == 1, "a world of one holds the whole "
+             "graph"),
 )
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
 
@@ -153,7 +162,8 @@ def build_configs(args: argparse.Namespace):
                                seed=args.seed, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
                                checkpoint_every=args.checkpoint_every, resume=args.resume)
-    cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype)
+    cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype,
+                               topology=args.topology, topology_budget_mb=args.topology_budget_mb)
     return model_config, sampler_config, train_config, cache_config
 
 
@@ -190,7 +200,8 @@ def run(args: argparse.Namespace) -> dict:
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
-        "world_size": env.world_size, "wire_dtype": trainer.wire_dtype,
+        "world_size": env.world_size, "wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
+        "topology": "replicated" if trainer.replicated else "partitioned",
         "partitions": str(args.partitions) if args.partitions else None,
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,

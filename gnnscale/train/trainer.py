@@ -49,7 +49,7 @@ from gnnscale.progress import Progress
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit
 from partition.load import Partition
-from samplers.distributed import DistNeighborSampler, LocalGraph
+from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure, structure_bytes
 from samplers.neighbor import SamplerConfig, make_block
 
 log = logging.getLogger("gnnscale.train")
@@ -115,9 +115,19 @@ class CacheConfig:
     """How feature rows (cache fill included) and evaluation's halo embeddings cross the wire: ``float32``
     exactly, or ``float16``/``bfloat16``/``int8`` within the bounds of :mod:`gnnscale.distributed.wire`.
     GCN degrees always travel exactly."""
+    topology: str = "auto"
+    """``replicated``: every rank holds the whole graph structure and samples without requests (only
+    feature rows move); ``partitioned``: each rank holds its own in-edges and asks owners for the rest;
+    ``auto``: replicated when the whole structure fits ``topology_budget_mb``."""
+    topology_budget_mb: float = 1024.0
+    """MiB each rank may spend on the whole graph structure (int64 offsets and sources)."""
 
     def __post_init__(self) -> None:
         wire.check_wire_dtype(self.wire_dtype)
+        if self.topology not in ("auto", "partitioned", "replicated"):
+            raise ValueError(f"--topology must be auto, partitioned or replicated, got {self.topology!r}")
+        if self.topology_budget_mb < 0:
+            raise ValueError(f"--topology-budget-mb must be >= 0, got {self.topology_budget_mb}")
         if self.cache_mb < 0:
             raise ValueError(f"--cache-mb must be >= 0, got {self.cache_mb}")
         if self.cache_policy not in ("degree", "presample"):
@@ -221,13 +231,35 @@ class Trainer:
         # The 1-hop halo: every non-owned source of an owned node's in-edge, with its edge count.
         self.halo_ids, self._halo_counts = edge_source_counts(self.graph.indices, self.start, self.end)
 
+    def _sampling_graph(self, cache: CacheConfig) -> tuple[LocalGraph, bool]:
+        """The graph the sampler draws from: the whole structure where ``cache.topology`` asks for it and it
+        fits the budget (every rank decides alike: the sizes are global), else the own in-edges."""
+        if self.world_size == 1 or cache.topology == "partitioned":
+            return self.graph, False
+        num_nodes = int(self.features.offsets[-1])
+        size = structure_bytes(num_nodes, sum(self.exchanger.all_gather_counts(self.graph.indices.size)))
+        budget = cache.topology_budget_mb * 2**20
+        if size > budget:
+            if cache.topology == "replicated":
+                raise ValueError(f"--topology replicated needs {size / 2**20:.1f} MiB per rank for the whole graph "
+                                 f"structure, over --topology-budget-mb {cache.topology_budget_mb:g}; raise the "
+                                 f"budget or use --topology partitioned")
+            log.info("rank %d: the whole graph structure (%.1f MiB) exceeds --topology-budget-mb %g: topology "
+                     "partitioned, sampling asks owners for remote neighbours", self.rank, size / 2**20,
+                     cache.topology_budget_mb)
+            return self.graph, False
+        log.info("rank %d: whole graph structure %.1f MiB of the %g MiB budget: topology replicated, sampling "
+                 "sends no requests", self.rank, size / 2**20, cache.topology_budget_mb)
+        return replicate_structure(self.graph, self.exchanger), True
+
     def _build_stores(self, sampler_config: SamplerConfig, cache: CacheConfig) -> None:
+        sample_graph, self.replicated = self._sampling_graph(cache)
         self.degrees = None
-        if sampler_config.gcn_norm:
+        if sampler_config.gcn_norm and not self.replicated:
             self.degrees = DistTable(self.graph.degree.to(torch.float32), self.features.offsets, self.exchanger)
             self.degrees.fill_cache(self.halo_ids)
-        self.sampler = DistNeighborSampler(self.graph, self.features.offsets, self.exchanger, sampler_config,
-                                           self.degrees)
+        self.sampler = DistNeighborSampler(sample_graph, self.features.offsets, self.exchanger, sampler_config,
+                                           self.degrees, replicated=self.replicated)
         if self.world_size == 1:
             return
         rows = min(cache_rows_for(cache.cache_mb, self.features.row_shape, self.features.rows.dtype),
@@ -317,6 +349,8 @@ class Trainer:
         if self._eval_blocks is None:
             owned = torch.arange(self.start, self.end, dtype=torch.int64)
             lookup = self.degrees.lookup if self.degrees is not None else None
+            if self.replicated:
+                lookup = self.sampler.local_degrees
             self._eval_blocks = []
             for chunk in owned.split(self.config.eval_batch_size):
                 src, counts = self.graph.sample(chunk, -1, False, None)
@@ -357,8 +391,11 @@ class Trainer:
     def _epoch_record(self, epoch: int) -> dict[str, Any]:
         self.exchanger.stats.reset()
         self.features.stats.reset()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss, times = self.train_epoch(epoch)
+        # CPU seconds of every thread of this process (trainer, loader, gloo), summed over ranks below.
+        times["cpu_s"] = time.process_time() - cpu_start
+        times["exchange_s"] = self.exchanger.stats.seconds
         record: dict[str, Any] = {"epoch": epoch, "loss": loss, "epoch_seconds": time.perf_counter() - start,
                                   **self._reduce_epoch_stats(times)}
         if epoch % self.config.eval_every == 0 or epoch == self.config.epochs:
@@ -366,12 +403,14 @@ class Trainer:
         return record
 
     def _reduce_epoch_stats(self, times: dict[str, float]) -> dict[str, float]:
-        """Stage times averaged over ranks; bytes and cache counts summed (more than one rank)."""
+        """Stage times (and CPU and exchange seconds) averaged over ranks, CPU seconds also summed; bytes and
+        cache counts summed (more than one rank)."""
         feats, comm = self.features.stats, self.exchanger.stats
         values = torch.tensor([*times.values(), comm.bytes_sent, comm.bytes_received, feats.cache_hits,
                                feats.remote_rows], dtype=torch.float64)
         self.exchanger.all_reduce(values)
         stats = {name: round(float(values[i]) / self.world_size, 4) for i, name in enumerate(times)}
+        stats["cpu_s_all_ranks"] = round(float(values[list(times).index("cpu_s")]), 4)
         if self.world_size > 1:
             hits, misses = float(values[-2]), float(values[-1])
             stats.update(bytes_sent=int(values[-4]), bytes_received=int(values[-3]),
