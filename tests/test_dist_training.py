@@ -295,20 +295,23 @@ def synthetic_job(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[st
     part_dir = partition_dataset(dataset, tmp_path_factory.mktemp("parts") / "synthetic3", 3)
     common = ["--num-layers", "2", "--hidden", "32", "--fanouts", "5,5", "--batch-size", "64", "--epochs", "8",
               "--lr", "0.01", "--seed", "0"]
-    # GCN too, so the degree table and its halo cache are part of what each rank is checked to hold.
-    runs = [["--model", "sage", *common], ["--model", "gcn", *common]]
+    # GCN too, so the degree table and its halo cache are part of what each rank is checked to hold; both
+    # partitioned (what a rank holds is then checked), and SAGE with the default, replicated topology.
+    partitioned = ["--topology", "partitioned", "--cache-policy", "degree"]
+    runs = [["--model", "sage", *common, *partitioned], ["--model", "gcn", *common, *partitioned],
+            ["--model", "sage", *common]]
     return run_ranks(train_runs, 3, str(part_dir), runs, True, timeout=300.0)
 
 
 def test_synthetic_partitions_train_well_above_chance(synthetic_job: list[list[dict[str, Any]]]) -> None:
-    sage, gcn = synthetic_job[0]
+    sage, gcn, replicated = synthetic_job[0]
     # 4 balanced classes: chance is 0.25; features alone give about 0.45 (see gnnscale.data.synthetic).
-    assert sage["test"] > 0.7 and gcn["test"] > 0.7, (sage, gcn)
+    assert sage["test"] > 0.7 and gcn["test"] > 0.7 and replicated["test"] > 0.7, (sage, gcn, replicated)
 
 
 def test_each_rank_holds_only_its_partition(synthetic_job: list[list[dict[str, Any]]]) -> None:
     for rank, runs in enumerate(synthetic_job):
-        for run in runs:
+        for run in runs[:2]:  # the partitioned topology's runs
             held = run["resident"]
             n = held["num_nodes"]
             assert held["graph_indices"] == held["part_num_edges"] < held["whole_num_edges"]
@@ -366,7 +369,7 @@ def test_trainer_rejects_bad_settings(one_part: Any, argv: list[str], split: int
 
 @pytest.mark.parametrize("config,field,value,message", [
     ("cache", "cache_mb", -1.0, r"--cache-mb must be >= 0, got -1.0"),
-    ("cache", "cache_policy", "lru", r"--cache-policy must be 'degree' or 'presample', got 'lru'"),
+    ("cache", "cache_policy", "lru", r"--cache-policy must be one of auto, degree, presample, vip, got 'lru'"),
     ("train", "prefetch", -2, r"--prefetch must be >= 0, got -2"),
     ("train", "checkpoint_every", -1, r"--checkpoint-every must be >= 0, got -1"),
 ])

@@ -219,10 +219,11 @@ def table_checks(rank: int) -> dict[str, Any]:
             halo = unique[(unique < start) | (unique >= end)]
             table.fill_cache(halo[::2])
             cached = table.gather(ids)
-            # With a cache, by the id map and (a map over budget) by search and sort: the same rows.
+            # With a cache, by the id map and by search and sort: the same rows.
+            table.use_id_map = True
             by_map = torch.full((unique.numel(), NUM_FEATURES), float("nan"))
             by_map_ids = unique[table.gather_grouped(unique, out=by_map)]
-            table.WHERE_MAP_BYTES = 0
+            table.use_id_map = False
             by_sort = torch.full((unique.numel(), NUM_FEATURES), float("nan"))
             by_sort_ids = unique[table.gather_grouped(unique, out=by_sort)]
             # A 1-D float table (as degrees are): one value a row.

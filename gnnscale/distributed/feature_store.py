@@ -92,6 +92,12 @@ class DistTable:
         self.stats = TableStats()
         self._where: Tensor | None = None
         self._where_for: Tensor | None = None
+        self.use_id_map = False
+        """Find rows through an int32 map of every global id (4 bytes per node of the graph: for a rank that
+        holds whole-graph arrays anyway, i.e. the replicated topology); else by search and sort."""
+        self.cache_complete = False
+        """Set (by every rank alike) when each rank's cache holds every remote row its batches can need:
+        :meth:`gather_grouped` then makes no exchange at all."""
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -151,14 +157,19 @@ class DistTable:
         if num_cached:
             gather_rows(self.cache_rows, -2 - found.index_select(0, cached_pos).long(),
                         out[num_local:num_local + num_cached])
-        self._fetch_grouped(missing, out[num_local + num_cached:])
+        if self.cache_complete:
+            if num_missing:  # the peers make no exchange: asking would hang them
+                raise RuntimeError(f"rank {self.rank} needs {num_missing} remote rows (e.g. global id "
+                                   f"{int(missing[0])}) that a complete cache should hold")
+        else:
+            self._fetch_grouped(missing, out[num_local + num_cached:])
         self.stats.local_rows += num_local
         self.stats.cache_hits += num_cached
         self.stats.remote_rows += num_missing
         return order
 
     def _gather_grouped_sorted(self, ids: Tensor, out: Tensor) -> Tensor:
-        """:meth:`gather_grouped` where the id map would not fit its budget: categories by search and sort."""
+        """:meth:`gather_grouped` without the id map: categories by search and sort."""
         local = (ids >= self.start) & (ids < self.end)
         category = torch.where(local, 0, 2)
         slot = None
@@ -187,9 +198,9 @@ class DistTable:
 
     def _where_map(self) -> Tensor | None:
         """int32 [num_nodes]: each global id's owned row (>= 0), cache slot ``s`` as ``-2 - s``, or -1; built
-        on first use after each cache fill.  None where it would exceed :attr:`WHERE_MAP_BYTES`."""
+        on first use after each cache fill.  None without :attr:`use_id_map` or over :attr:`WHERE_MAP_BYTES`."""
         num_nodes = int(self.offsets[-1])
-        if 4 * num_nodes > self.WHERE_MAP_BYTES:
+        if not self.use_id_map or 4 * num_nodes > self.WHERE_MAP_BYTES:
             return None
         if self._where is None or self._where_for is not self.cache_ids:
             where = torch.full((num_nodes,), -1, dtype=torch.int32)

@@ -62,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--partitions", type=Path, default=None, help="folder from 'python -m partition "
                       "--num-parts K' (the dataset options are then not used)")
     dist.add_argument("--cache-mb", type=float, default=64.0, help="MiB of remote feature rows cached per rank")
-    dist.add_argument("--cache-policy", choices=("degree", "presample"), default="degree",
-                      help="cache the remote nodes with most in-edges to owned nodes, or those most requested "
-                           "while sampling a few batches first")
+    dist.add_argument("--cache-policy", choices=("auto", "degree", "presample", "vip"), default="auto",
+                      help="which remote rows to cache: degree = the nodes with most in-edges to owned nodes; "
+                           "presample = those most requested while sampling a few batches first; vip = those most "
+                           "likely inputs of this rank's batches, from the fanouts (SALIENT++; needs the replicated "
+                           "topology); auto = vip where the topology is replicated, else degree")
     dist.add_argument("--topology", choices=("auto", "partitioned", "replicated"), default="auto",
                       help="replicated: every rank holds the whole graph structure and samples without requests, "
                            "only feature rows move; partitioned: each rank holds its own in-edges and asks owners "

@@ -50,6 +50,7 @@ from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_che
 from gnnscale.train.fit import FitState, epoch_seed, fit
 from partition.load import Partition
 from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure, structure_bytes
+from samplers.inclusion import inclusion_probabilities
 from samplers.neighbor import SamplerConfig, make_block
 
 log = logging.getLogger("gnnscale.train")
@@ -100,15 +101,20 @@ class TrainConfig:
             raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay}")
 
 
+CACHE_POLICIES = ("auto", "degree", "presample", "vip")
+
+
 @dataclass(kw_only=True)
 class CacheConfig:
     """Which remote feature rows each rank keeps, and how remote rows travel (more than one rank only)."""
 
     cache_mb: float = 64.0
     """MiB of remote feature rows each rank caches (0 disables the cache)."""
-    cache_policy: str = "degree"
-    """``degree`` (most frequent sources of owned nodes' in-edges) or ``presample`` (most requested
-    while sampling ``presample_batches`` mini-batches)."""
+    cache_policy: str = "auto"
+    """``degree`` (most frequent sources of owned nodes' in-edges), ``presample`` (most requested
+    while sampling ``presample_batches`` mini-batches), ``vip`` (highest probability of being a batch's
+    input, SALIENT++'s; needs the replicated topology) or ``auto`` (vip where the topology is
+    replicated, else degree)."""
     presample_batches: int = 8
     """Mini-batches sampled to count requests with the ``presample`` policy."""
     wire_dtype: str = "float32"
@@ -130,8 +136,8 @@ class CacheConfig:
             raise ValueError(f"--topology-budget-mb must be >= 0, got {self.topology_budget_mb}")
         if self.cache_mb < 0:
             raise ValueError(f"--cache-mb must be >= 0, got {self.cache_mb}")
-        if self.cache_policy not in ("degree", "presample"):
-            raise ValueError(f"--cache-policy must be 'degree' or 'presample', got {self.cache_policy!r}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}")
         if self.presample_batches < 0:
             raise ValueError(f"presample_batches must be >= 0, got {self.presample_batches}")
 
@@ -262,15 +268,38 @@ class Trainer:
                                            self.degrees, replicated=self.replicated)
         if self.world_size == 1:
             return
-        rows = min(cache_rows_for(cache.cache_mb, self.features.row_shape, self.features.rows.dtype),
-                   self.halo_ids.numel())
+        self.features.use_id_map = self.replicated  # whole-graph arrays are held then anyway
+        rows = cache_rows_for(cache.cache_mb, self.features.row_shape, self.features.rows.dtype)
+        policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if self.replicated else "degree"
         candidates, counts = self.halo_ids, self._halo_counts
-        if cache.cache_policy == "presample" and rows:
+        if policy == "presample" and rows:
             candidates, counts = self._presample_counts(cache.presample_batches)
+        elif policy == "vip" and rows:
+            candidates, counts = self._inclusion_scores(sample_graph, sampler_config)
         self.features.fill_cache_by_counts(candidates, counts, min(rows, candidates.numel()))
+        # vip's candidates are every node a batch of this rank can reach: cached whole on every rank, the
+        # batches need no exchange (and the ranks no lockstep but the gradient sum).
+        whole = policy == "vip" and rows >= candidates.numel()
+        self.features.cache_complete = bool(self.exchanger.all_reduce(torch.tensor([int(whole)]),
+                                                                      op=dist.ReduceOp.MIN)[0])
         log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB, %s)",
                  self.rank, self.end - self.start, self.graph.indices.size, self.halo_ids.numel(),
-                 self.features.cache_ids.numel(), self.features.cache_bytes / 2**20, cache.cache_policy)
+                 self.features.cache_ids.numel(), self.features.cache_bytes / 2**20,
+                 policy + (", every reachable remote row: batches make no exchange" if self.features.cache_complete
+                           else ""))
+
+    def _inclusion_scores(self, whole: LocalGraph, sampler_config: SamplerConfig) -> tuple[Tensor, Tensor]:
+        """Non-owned nodes with their probability of being an input of one of this rank's mini-batches
+        (SALIENT++'s vertex inclusion probability, :mod:`samplers.inclusion`); needs the whole structure."""
+        if not self.replicated:
+            raise ValueError("--cache-policy vip needs the whole graph structure on every rank: use --topology "
+                             "replicated (or auto, within --topology-budget-mb), or another --cache-policy")
+        seed_probability = np.zeros(whole.num_owned, dtype=np.float64)
+        seed_probability[self.train_ids.numpy()] = 1.0 / self.steps  # each own training node: one step per epoch
+        p = inclusion_probabilities(whole.indptr, whole.indices, seed_probability, sampler_config.fanouts)
+        p[self.start:self.end] = 0.0
+        candidates = np.flatnonzero(p > 0)
+        return torch.from_numpy(candidates), torch.from_numpy(p[candidates])
 
     def _presample_counts(self, num_batches: int) -> tuple[Tensor, Tensor]:
         """Non-owned input nodes of the first epoch's first few batches, with how often each was needed."""

@@ -1,0 +1,274 @@
+"""Distributed node classification on an emulated cluster: 1 machine against 2, over shaped links.
+
+    sudo python scripts/bench_cluster.py                       # 1M nodes, the default configurations
+    sudo python scripts/bench_cluster.py --num-nodes 100000 --epochs 2 --only base,10gbit   # a quick look
+
+Every run is real multi-node torchrun through :mod:`gnnscale.distributed.emulated` (one network
+namespace per machine, its egress shaped with tc tbf, its processes pinned to its own cores): the
+baseline is 1 rank on 1 core, each other run 2 "machines" of 1 core each.  The graph is the
+community-structured synthetic graph (``python -m partition --dataset synthetic``, 100 features,
+10 classes, 10% training nodes), partitioned once per layout; the model is DistDGL's example's
+(GraphSAGE 2 x 16, fanouts 10,25, Adam 0.003, dropout 0.5), one evaluation after the last epoch.
+The baseline trains batches of 2 x ``--batch-size`` seeds, so that its steps are the 2-rank steps
+on the union of both ranks' seeds.
+
+Reported per run (epochs after the first, median): epoch seconds; scaling efficiency
+``T1 / (K x TK)``; CPU seconds per epoch summed over ranks, and their ratio to the baseline's; MiB
+sent per epoch (all ranks); per step, the training thread's wait for input (the exposed part of
+sampling, fetching and every exchange) and the wall time spent in exchanges; validation accuracy
+and its difference from the baseline.  Writes a Markdown table, JSON and a PNG plot (matplotlib:
+``pip install -e .[bench]``).  Needs root and ``ip netns`` (see ``scripts/emulated_cluster.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from gnnscale.distributed.emulated import ClusterError, ClusterSpec, EmulatedCluster, check_host  # noqa: E402
+from gnnscale.train.cli import strict_json  # noqa: E402
+
+MODEL_ARGS = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--lr", "0.003",
+              "--dropout", "0.5", "--weight-decay", "0", "--checkpoint-every", "0"]
+TARGETS = {"efficiency_10gbit": 0.80, "cpu_ratio": 1.2, "wire_ratio_1gbit": 0.6, "slow_ratio": 0.75,
+           "accuracy_delta": 0.005}
+
+
+@dataclass
+class Config:
+    """One run: its name, machines, link rate, extra trainer arguments, slow machines, partition layout."""
+
+    name: str
+    machines: int
+    rate: str | None
+    extra: list[str] = field(default_factory=list)
+    slow: tuple[int, ...] = ()
+    parts: str = ""
+
+
+def configurations(rates: list[str]) -> list[Config]:
+    """The runs, in order.  The 2-machine defaults are the replicated topology with the vip cache of
+    ``--cache-mb 64``; ``partitioned`` is the layout before the replicated topology existed."""
+    configs = [Config("base", 1, None),
+               Config("10gbit partitioned", 2, "10gbit", ["--topology", "partitioned", "--cache-policy", "degree"])]
+    for rate in rates:
+        configs.append(Config(rate, 2, rate))
+    configs.append(Config("10gbit cache 256", 2, "10gbit", ["--cache-mb", "256"]))
+    configs += [Config(f"1gbit {dtype}", 2, "1gbit", ["--wire-dtype", dtype]) for dtype in ("float16", "bfloat16",
+                                                                                            "int8")]
+    configs += [Config("100mbit int8", 2, "100mbit", ["--wire-dtype", "int8"]),
+                Config("10gbit slow m1", 2, "10gbit", slow=(1,)),
+                Config("10gbit slow m1, parts 2:1", 2, "10gbit", slow=(1,), parts="2,1")]
+    return configs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--num-nodes", type=int, default=1_000_000)
+    parser.add_argument("--avg-degree", type=float, default=10.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=1000, help="seeds per rank and step")
+    parser.add_argument("--rates", default="10gbit,1gbit,100mbit", help="link rates of the float32 2-machine runs")
+    parser.add_argument("--only", default="", help="comma-separated run names to keep (default: all), e.g. "
+                        "base,10gbit")
+    parser.add_argument("--repeats", type=int, default=2, help="passes over all runs (interleaved); medians "
+                        "are reported")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "bench_cluster",
+                        help="partitions, run folders and logs (kept)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_cluster.json",
+                        help="JSON; the table (.md) and plot (.png) go beside it")
+    return parser
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def partition(args: argparse.Namespace, parts: int, weights: str = "") -> Path:
+    folder = args.workdir / (f"parts-{parts}" + (f"-w{weights.replace(',', '-')}" if weights else ""))
+    if not (folder / "manifest.json").exists():
+        log(f"partitioning the {args.num_nodes:,}-node synthetic graph in {parts}" +
+            (f" with weights {weights}" if weights else ""))
+        subprocess.run([sys.executable, "-m", "partition", "--dataset", "synthetic", "--num-nodes",
+                        str(args.num_nodes), "--avg-degree", str(args.avg_degree), "--seed", str(args.seed),
+                        "--num-parts", str(parts), "--out", str(folder), "--force", "--quiet",
+                        *(["--part-weights", weights] if weights else [])], check=True, cwd=ROOT)
+    return folder
+
+
+def run_config(config: Config, args: argparse.Namespace) -> dict:
+    parts = partition(args, config.machines, config.parts)
+    out = args.workdir / config.name.replace(" ", "-")
+    batch = args.batch_size * (2 if config.machines == 1 else 1)
+    command = [str(ROOT / "scripts" / "train_node_classification.py"), "--partitions", str(parts), "--out", str(out),
+               *MODEL_ARGS, "--batch-size", str(batch), "--epochs", str(args.epochs), "--eval-every",
+               str(args.epochs), "--seed", str(args.seed), "--quiet", *config.extra]
+    spec = ClusterSpec(machines=config.machines, rate=config.rate, slow_machines=config.slow)
+    with EmulatedCluster(spec, args.workdir / "logs") as cluster:
+        runs = cluster.run(command, timeout=args.timeout, name=config.name.replace(" ", "-"))
+    failed = [r for r in runs if r.returncode != 0]
+    if failed:
+        raise RuntimeError(f"{config.name}: machine {failed[0].machine} exited {failed[0].returncode}:\n"
+                           f"{failed[0].log.read_text()[-3000:]}")
+    return summarise(config, json.loads((out / "metrics.json").read_text()))
+
+
+def summarise(config: Config, metrics: dict) -> dict:
+    history = metrics["history"]
+    steady = history[1:] if len(history) >= 3 else history
+    steps = metrics["steps_per_epoch"]
+
+    def median(key: str, default: float = 0.0) -> float:
+        return statistics.median(h.get(key, default) for h in steady)
+
+    return {"name": config.name, "machines": config.machines, "rate": config.rate or "-", "extra": config.extra,
+            "slow_machines": list(config.slow), "epoch_s": median("epoch_seconds"),
+            "cpu_s": median("cpu_s_all_ranks"), "mib_sent": median("bytes_sent") / 2**20,
+            "wait_ms_per_step": 1000 * median("wait_s") / steps,
+            "exchange_ms_per_step": 1000 * median("exchange_s") / steps,
+            "val": metrics["val"], "test": metrics["test"], "steps_per_epoch": steps,
+            "epoch_seconds": [h["epoch_seconds"] for h in history]}
+
+
+def combine(repeats: list[dict]) -> dict:
+    """One row from a run's repeats: medians of the timings, every repeat's epoch time kept."""
+    row = dict(repeats[0])
+    for key in ("epoch_s", "cpu_s", "mib_sent", "wait_ms_per_step", "exchange_ms_per_step", "val", "test"):
+        row[key] = statistics.median(r[key] for r in repeats)
+    row["repeat_epoch_s"] = [r["epoch_s"] for r in repeats]
+    return row
+
+
+def add_ratios(results: list[dict]) -> None:
+    base = next(r for r in results if r["name"] == "base")
+    for r in results:
+        r["efficiency"] = base["epoch_s"] / (r["machines"] * r["epoch_s"])
+        r["cpu_ratio"] = r["cpu_s"] / base["cpu_s"]
+        r["val_delta"] = r["val"] - base["val"]
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| run | machines | link | epoch s | efficiency | CPU s / epoch (x base) | MiB sent / epoch | "
+             "wait ms / step | exchange ms / step | val acc (delta) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['name']} | {r['machines']} | {r['rate']} | {r['epoch_s']:.2f} | {r['efficiency']:.2f} | "
+                     f"{r['cpu_s']:.2f} ({r['cpu_ratio']:.2f}x) | {r['mib_sent']:.1f} | {r['wait_ms_per_step']:.1f} | "
+                     f"{r['exchange_ms_per_step']:.1f} | {r['val']:.4f} ({r['val_delta']:+.4f}) |")
+    return "\n".join(lines)
+
+
+def verdicts(results: list[dict]) -> list[str]:
+    by = {r["name"]: r for r in results}
+    out = []
+    best10 = max((r for r in results if r["rate"] == "10gbit" and not r["slow_machines"]),
+                 key=lambda r: r["efficiency"], default=None)
+    if best10:
+        ok = best10["efficiency"] >= TARGETS["efficiency_10gbit"] and abs(best10["val_delta"]) <= 0.005
+        out.append(f"10 Gbit/s, 2 machines: best efficiency {best10['efficiency']:.2f} ({best10['name']}), val delta "
+                   f"{best10['val_delta']:+.4f} (target >= 0.80 within 0.005): {'met' if ok else 'NOT met'}")
+        out.append(f"CPU seconds {best10['cpu_ratio']:.2f}x the single rank's (target <= 1.2): "
+                   f"{'met' if best10['cpu_ratio'] <= TARGETS['cpu_ratio'] else 'NOT met'}")
+    wires = [r for r in results if r["rate"] == "1gbit" and "--wire-dtype" in r["extra"]]
+    if "1gbit" in by and wires:
+        best = min(wires, key=lambda r: r["epoch_s"])
+        ratio = best["epoch_s"] / by["1gbit"]["epoch_s"]
+        ok = ratio <= TARGETS["wire_ratio_1gbit"] and abs(best["val_delta"]) <= 0.005
+        out.append(f"1 Gbit/s: best wire dtype {best['name']} epoch {ratio:.2f}x float32's, val delta "
+                   f"{best['val_delta']:+.4f} (target <= 0.6 within 0.005): {'met' if ok else 'NOT met'}")
+    uniform, weighted = by.get("10gbit slow m1"), by.get("10gbit slow m1, parts 2:1")
+    if uniform and weighted:
+        ratio = weighted["epoch_s"] / uniform["epoch_s"]
+        out.append(f"one machine at half speed: partitions 2:1 (static --part-weights, not --rank-capacity auto) "
+                   f"epoch {ratio:.2f}x the uniform split's (target <= 0.75): "
+                   f"{'met' if ratio <= TARGETS['slow_ratio'] else 'NOT met'}")
+    return out
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shaped = [r for r in results if r["machines"] == 2 and not r["slow_machines"] and r["rate"] != "-"]
+    variants = sorted({" ".join(r["extra"]) or "defaults: replicated, vip cache 64 MiB" for r in shaped})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for variant in variants:
+        rows = sorted((r for r in shaped if (" ".join(r["extra"]) or "defaults: replicated, vip cache 64 MiB") == variant),
+                      key=lambda r: -_gbit(r["rate"]))
+        left.plot([_gbit(r["rate"]) for r in rows], [r["epoch_s"] for r in rows], "o-", label=variant)
+        right.plot([_gbit(r["rate"]) for r in rows], [r["efficiency"] for r in rows], "o-", label=variant)
+    base = next(r for r in results if r["name"] == "base")
+    left.axhline(base["epoch_s"], color="grey", ls="--", label="1 machine")
+    right.axhline(0.8, color="grey", ls="--", label="target 0.80")
+    for axis, label in ((left, "epoch seconds"), (right, "scaling efficiency T1 / (2 T2)")):
+        axis.set_xscale("log")
+        axis.set_xlabel("link rate, Gbit/s")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    fig.suptitle("gnnscale, 2 emulated machines of 1 core (synthetic graph, SAGE 2x16)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _gbit(rate: str) -> float:
+    from gnnscale.distributed.emulated import rate_bits
+    return rate_bits(rate) / 1e9
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    try:
+        check_host()
+        import matplotlib  # noqa: F401  (fail before the runs, not after them)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ImportError:
+        print("error: the plot needs matplotlib; install it with: pip install -e .[bench]", file=sys.stderr)
+        return 2
+    rates = [r for r in args.rates.split(",") if r]
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+    configs = [c for c in configurations(rates) if not only or c.name in only or c.name == "base"]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {c.name: [] for c in configs}
+    for repeat in range(args.repeats):
+        for config in configs:
+            log(f"[{repeat + 1}/{args.repeats}] {config.name}: {config.machines} machine(s), link "
+                f"{config.rate or 'unshaped'} {' '.join(config.extra)}")
+            runs[config.name].append(run_config(config, args))
+            r = runs[config.name][-1]
+            log(f"  epoch {r['epoch_s']:.2f} s, val {r['val']:.4f}, {r['mib_sent']:.1f} MiB/epoch, "
+                f"cpu {r['cpu_s']:.2f} s")
+    results = [combine(repeats) for repeats in runs.values()]
+    add_ratios(results)
+    text = table(results)
+    lines = verdicts(results)
+    print("\n" + text + "\n\n" + "\n".join(lines))
+    summary = {"results": results, "verdicts": lines, "targets": TARGETS, "model": MODEL_ARGS,
+               "graph": {"num_nodes": args.num_nodes, "avg_degree": args.avg_degree, "seed": args.seed},
+               "epochs": args.epochs, "batch_size_per_rank": args.batch_size,
+               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "command": " ".join(sys.argv)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(strict_json(summary))
+    args.out.with_suffix(".md").write_text(text + "\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and its .md and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
