@@ -140,11 +140,20 @@ def select_device(requested: str, env: DistEnv) -> torch.device:
     return torch.device(requested)
 
 
+def cores_per_rank(env: DistEnv) -> int:
+    """This rank's share of the cores it may run on (its affinity mask, e.g. ``taskset``), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // env.local_world_size)
+
+
 def share_cores(env: DistEnv) -> None:
     """Give each rank of this host its share of the cores (unless ``OMP_NUM_THREADS`` says otherwise):
     torch's default, every core per process, oversubscribes a host running several ranks."""
     if env.is_distributed and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+        torch.set_num_threads(cores_per_rank(env))
 
 
 def init_runtime(env: DistEnv, device: str = "cpu", *, timeout: float = 60.0) -> Runtime:

@@ -151,6 +151,10 @@ def build_configs(args: argparse.Namespace):
     from gnnscale.train.trainer import CacheConfig, TrainConfig
     from samplers import SamplerConfig
 
+    if args.num_workers is None:  # recorded resolved in metrics.json's args
+        from gnnscale.distributed.env import cores_per_rank, read_env
+
+        args.num_workers = 1 if cores_per_rank(read_env()) >= 2 else 0
     fanouts = args.fanouts if args.fanouts is not None else \
         list(DEFAULT_FANOUTS[:args.num_layers]) + [DEFAULT_FANOUTS[-1]] * max(0, args.num_layers - 3)
     model_config = ModelConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
