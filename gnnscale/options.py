@@ -35,10 +35,11 @@ OPTIONS: dict[str, dict[str, Any]] = {
                        "score; 0 = off (the best epoch is kept either way)"),
     "--eval-every": dict(type=int, default=1, help="epochs between evaluations"),
     "--device": dict(default="cpu", help="cpu or cuda[:N]; under torchrun cuda means cuda:<local rank>"),
-    # None: 1, or 0 where the rank has one core, on which a loader thread only competes with training
-    # (one rank on one core, 1M-node synthetic graph: 2.3 s an epoch with the thread, 1.8 s without).
+    # None: 1, or 0 for a world of one on one core, where a loader thread only competes with training
+    # (1M-node synthetic graph: 2.3 s an epoch with the thread, 1.8 s without).
     "--num-workers": dict(type=int, default=None, help="loader threads that sample and gather batches ahead of "
-                          "training; 0 = in the training thread (default: 1, or 0 where this rank has one core)"),
+                          "training; 0 = in the training thread (default: 1, or 0 for a world of one on one "
+                          "core)"),
     "--prefetch": dict(type=int, default=2, help="batches prepared ahead of training (beyond those the workers "
                        "hold)"),
     "--features-on-device": dict(action="store_true", help="keep the whole feature table on the device and send "

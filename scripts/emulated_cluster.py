@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. 10gbit, 1gbit, 100mbit; none = unshaped")
     parser.add_argument("--cores-per-machine", type=int, default=1, help="host cores pinned to each machine")
     parser.add_argument("--nproc-per-machine", type=int, default=1, help="ranks per machine")
-    parser.add_argument("--slow-machines", type=machine_list, default=(), help="machines whose cores a busy "
-                        "process shares (about half speed), e.g. 1")
+    parser.add_argument("--slow-machines", type=machine_list, default=(), help="machines made slow, e.g. 1: a "
+                        "CPU quota of --slow-factor of their cores (a cgroup), or a busy process sharing them")
+    parser.add_argument("--slow-factor", type=float, default=0.5, help="share of their cores slow machines get")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every machine is stopped")
     parser.add_argument("--log-dir", type=Path, default=ROOT / "runs" / "emulated_cluster")
     parser.add_argument("--cleanup", action="store_true", help="only remove namespaces and bridges of harnesses "
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             parser.error("give the command after --, e.g. -- scripts/train_node_classification.py --partitions DIR")
         spec = ClusterSpec(machines=args.machines, rate=args.rate, cores_per_machine=args.cores_per_machine,
-                           nproc_per_machine=args.nproc_per_machine, slow_machines=args.slow_machines)
+                           nproc_per_machine=args.nproc_per_machine, slow_machines=args.slow_machines,
+                           slow_factor=args.slow_factor)
         with EmulatedCluster(spec, args.log_dir, echo=sys.stdout) as cluster:
             start = time.perf_counter()
             runs = cluster.run(command, timeout=args.timeout)

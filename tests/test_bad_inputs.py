@@ -199,6 +199,8 @@ RANGE_CASES = [
     train("seed-neg", ["--seed", "-1"], "--seed must be >= 0, got -1"),
     train("cache-mb-neg", ["--cache-mb", "-1"], "--cache-mb must be >= 0, got -1"),
     train("wire-dtype-unknown", ["--wire-dtype", "foo"], "argument --wire-dtype: invalid choice: 'foo'"),
+    train("rank-capacity-bad", ["--rank-capacity", "fast"], "--rank-capacity 'fast' is neither auto nor positive"),
+    train("topology-budget-neg", ["--topology-budget-mb", "-1"], "--topology-budget-mb must be >= 0, got -1"),
     train("failure-timeout-0", ["--failure-timeout", "0"], "--failure-timeout must be > 0, got 0"),
     train("fanouts-not-numbers", ["--fanouts", "a,b"], "--fanouts 'a,b' is not a comma-separated list of integers"),
     train("fanouts-wrong-count", ["--num-layers", "3", "--fanouts", "5,5"], "got 2 fanouts for 3 layers"),

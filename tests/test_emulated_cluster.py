@@ -152,3 +152,31 @@ def test_ctrl_c_removes_namespaces_links_and_processes(tmp_path):
     assert not our_namespaces(process.pid) and not our_links(process.pid)
     survivors = subprocess.run(["pgrep", "-f", str(tmp_path / "transfer.py")], capture_output=True, text=True)
     assert survivors.stdout.strip() == ""
+
+
+SPIN = textwrap.dedent("""
+    import time, torch.distributed as dist
+    dist.init_process_group("gloo")
+    start, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < 2:
+        pass
+    print(f"rank {dist.get_rank()} cpu share {(time.process_time() - cpu) / (time.perf_counter() - start):.2f}",
+          flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@needs_netns
+def test_a_slow_machine_gets_half_a_core(tmp_path):
+    script = tmp_path / "spin.py"
+    script.write_text(SPIN)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), "--slow-machines", "1",
+                           "--timeout", "120", "--", str(script)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr + done.stdout
+    shares = {int(line.split()[2]): float(line.split()[-1]) for line in done.stdout.splitlines() if "cpu share" in line}
+    assert shares[0] > 0.85 and 0.35 < shares[1] < 0.65, done.stdout  # the quota (or a busy process) halves it
+    leftovers = [p for root in (emulated.CGROUP_V1, emulated.CGROUP_V2) if root.is_dir()
+                 for p in root.glob("gnnscale-*")]
+    assert not leftovers

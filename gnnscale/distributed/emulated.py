@@ -6,7 +6,8 @@ no address and nothing routes there).  Each namespace's own egress is shaped by 
 (``tc qdisc add dev eth0 root tbf rate R burst B latency 50ms``): every byte a machine sends crosses a
 link of rate R.  One ``torchrun`` agent runs per namespace (``--nnodes K --rdzv-backend c10d`` to
 machine 0's address), pinned with ``taskset`` to that machine's own cores: real multi-node torchrun,
-gloo over TCP between namespaces.  A "slow machine" shares its cores with a busy process.
+gloo over TCP between namespaces.  A "slow machine" runs under a CPU quota (a cgroup: half its cores'
+time by default), or where no cgroup is writable, shares its cores with a busy process.
 
 Namespaces, links and processes are removed on every exit path (an exception, Ctrl-C, SIGTERM);
 leftovers of a harness killed with SIGKILL are removed by the next one (names carry the owner's pid).
@@ -30,6 +31,8 @@ from typing import IO
 
 RATE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
 RDZV_PORT = 29400
+CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup/unified")
 _UNITS = {None: 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
@@ -105,6 +108,12 @@ def remove_stale() -> list[str]:
         if not _pid_alive(int(match.group(2))):
             _ip("link", "del", match.group(1), check=False)
             removed.append(match.group(1))
+    for root in (CGROUP_V1, CGROUP_V2):
+        for group in root.glob("gnnscale-*-m*") if root.is_dir() else ():
+            match = re.fullmatch(r"gnnscale-(\d+)-m\d+", group.name)
+            if match and not _pid_alive(int(match.group(1))):
+                _remove_group(group)
+                removed.append(str(group))
     return removed
 
 
@@ -137,7 +146,9 @@ class ClusterSpec:
         cores_per_machine: host cores pinned to each machine, machine i taking cores ``[i*c, (i+1)*c)``
             (modulo the host's cores: machines share cores when there are more than the host has).
         nproc_per_machine: ranks per machine (``--nproc-per-node``).
-        slow_machines: machines whose cores a busy process shares (about half speed on one core).
+        slow_machines: machines made slow: a CPU quota of ``slow_factor`` of their cores (a cgroup), or
+            where no cgroup CPU controller is writable, a busy process sharing their cores.
+        slow_factor: the share of their cores slow machines get (0 < f < 1).
     """
 
     machines: int = 2
@@ -145,8 +156,11 @@ class ClusterSpec:
     cores_per_machine: int = 1
     nproc_per_machine: int = 1
     slow_machines: tuple[int, ...] = ()
+    slow_factor: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0 < self.slow_factor < 1:
+            raise ValueError(f"slow factor {self.slow_factor} must be between 0 and 1, e.g. 0.5 for half speed")
         if self.machines < 1 or self.cores_per_machine < 1 or self.nproc_per_machine < 1:
             raise ValueError("machines, cores per machine and processes per machine must be >= 1")
         if self.rate is not None:
@@ -187,6 +201,7 @@ class EmulatedCluster:
     subnet: str = field(init=False, default="")
     _processes: list[subprocess.Popen] = field(init=False, default_factory=list)
     _made: list[str] = field(init=False, default_factory=list)
+    _groups: dict[int, Path] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tag = str(os.getpid())
@@ -209,6 +224,7 @@ class EmulatedCluster:
         self._previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self._make_links()
+            self._make_cpu_groups()
         except BaseException:
             self.close()
             raise
@@ -251,6 +267,9 @@ class EmulatedCluster:
             else:
                 _ip("link", "del", name, check=False)
         self._made.clear()
+        for group in self._groups.values():
+            _remove_group(group)
+        self._groups.clear()
         for sig, handler in getattr(self, "_previous", {}).items():
             signal.signal(sig, handler)
         self._previous = {}
@@ -283,12 +302,12 @@ class EmulatedCluster:
         ``timeout`` seconds every machine is stopped and the run reported with exit code 124.
         """
         busy = [self._start(self.in_machine(m, [sys.executable, "-c", "while True: pass"]), None)
-                for m in self.spec.slow_machines]
+                for m in self.spec.slow_machines if self._cpu_group(m) is None]
         run_id = f"{name}-{self.tag}-{time.monotonic_ns()}"
         logs = [self.log_dir / f"{name}-machine{m}.log" for m in range(self.spec.machines)]
         start = time.perf_counter()
-        agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ")
-                  for m in range(self.spec.machines)]
+        agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ",
+                              group=self._cpu_group(m)) for m in range(self.spec.machines)]
         seconds, stopped = [0.0] * len(agents), set()
         codes = self._wait(agents, seconds, stopped, start, timeout)
         for process in busy + agents:
@@ -312,7 +331,35 @@ class EmulatedCluster:
             time.sleep(0.05)
         return [int(c) for c in codes]
 
-    def _start(self, command: list[str], log: Path | None, prefix: str = "") -> subprocess.Popen:
+    def _cpu_group(self, machine: int) -> Path | None:
+        """The cgroup holding a slow machine's processes to its CPU quota; None when it has none."""
+        return self._groups.get(machine)
+
+    def _make_cpu_groups(self) -> None:
+        """A CPU-quota cgroup (v1 ``cpu`` controller, else v2 ``cpu.max``) per slow machine, where writable."""
+        for m in self.spec.slow_machines:
+            # 10 ms periods: a step of tens of ms sees the quota several times, not a 100 ms burst of full speed.
+            period = 10_000
+            quota = int(period * self.spec.cores_per_machine * self.spec.slow_factor)
+            for root, write in ((CGROUP_V1, lambda g: _write_v1_quota(g, quota, period)),
+                                (CGROUP_V2, lambda g: (g / "cpu.max").write_text(f"{quota} {period}"))):
+                group = root / f"gnnscale-{self.tag}-m{m}"
+                try:
+                    group.mkdir()
+                except OSError:
+                    continue
+                try:
+                    write(group)
+                except OSError:
+                    group.rmdir()
+                    continue
+                self._groups[m] = group
+                break
+
+    def _start(self, command: list[str], log: Path | None, prefix: str = "",
+               group: Path | None = None) -> subprocess.Popen:
+        if group is not None:  # joins the cgroup before exec, so every child it starts is in it too
+            command = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *command]
         out = subprocess.PIPE if log is not None else subprocess.DEVNULL
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.machine_env(),
                                    start_new_session=True, text=True)
@@ -349,6 +396,23 @@ def _stop_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _write_v1_quota(group: Path, quota: int, period: int) -> None:
+    (group / "cpu.cfs_period_us").write_text(str(period))
+    (group / "cpu.cfs_quota_us").write_text(str(quota))
+
+
+def _remove_group(group: Path) -> None:
+    """Remove a cgroup once its processes are gone (they were stopped just before)."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

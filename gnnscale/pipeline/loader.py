@@ -189,14 +189,17 @@ class PrefetchLoader:
         labels: [num_nodes] labels, indexed by ``batch.seeds - first_id``.
         config: scheduling settings.
         first_id: the node id of row 0 of ``labels`` (and of a ``features`` table).
+        plan: ``plan(epoch) -> batches``, the seeds of every batch of pass ``epoch``, instead of cutting
+            ``seeds`` in a seeded order (e.g. :class:`gnnscale.train.shares.SeedShares`).
 
     Each ``iter(loader)`` is one pass; pass ``e`` (``loader.epoch`` before the pass) has its own order and
     generators, so setting ``epoch`` replays any pass.  ``loader.stats`` describes the last pass.
     """
 
     def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor | FeatureStore, labels: Tensor,
-                 config: LoaderConfig, *, first_id: int = 0) -> None:
+                 config: LoaderConfig, *, first_id: int = 0, plan: Callable[[int], list[Tensor]] | None = None) -> None:
         self.sample_fn = sample
+        self.plan = plan
         self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
         self.features, self.labels, self.first_id = features, labels, first_id
         self.config = config
@@ -241,8 +244,11 @@ class PrefetchLoader:
     def __iter__(self) -> Iterator[LoadedBatch]:
         epoch = self.epoch
         self.epoch += 1
-        order = epoch_order(self.seeds, shuffle=self.config.shuffle, seed=self.config.seed, epoch=epoch)
-        batches = split_batches(order, self.config.batch_size, self.config.drop_last, self.config.num_batches)
+        if self.plan is not None:
+            batches = self.plan(epoch)
+        else:
+            order = epoch_order(self.seeds, shuffle=self.config.shuffle, seed=self.config.seed, epoch=epoch)
+            batches = split_batches(order, self.config.batch_size, self.config.drop_last, self.config.num_batches)
         passes = self._serial_pass(batches, epoch) if self.config.num_workers == 0 else \
             _ThreadedPass(self, batches, epoch).run()
         return self._exclusive(passes)

@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gnnscale.batch import Block
 from gnnscale.distributed import wire
+from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
@@ -48,6 +49,7 @@ from gnnscale.pipeline.device import DeviceFeeder
 from gnnscale.progress import Progress
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit
+from gnnscale.train.shares import SeedShares
 from partition.load import Partition
 from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure, structure_bytes
 from samplers.inclusion import inclusion_probabilities
@@ -87,6 +89,9 @@ class TrainConfig:
     """Write ``checkpoint.pt`` every this many epochs (and after the last); 0 never."""
     resume: bool = False
     """Continue from the run folder's checkpoint when there is one."""
+    rank_capacity: str | None = None
+    """``auto`` or ``w0,w1,...``: deal every step's seeds among ranks by speed (:mod:`gnnscale.train.shares`);
+    None: each rank trains its own training nodes."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -202,12 +207,17 @@ class Trainer:
         self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
             if runtime.group is not None else self.module
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.shares = self._seed_shares()
         self.loader, self.feeder = self._make_pipeline()
+        if self.shares is not None:
+            self.shares.measure(self._alone_step, 0)
         self._eval_blocks: list[tuple[Block, Tensor]] | None = None
         self.fingerprint = {"num_nodes": part.book.num_nodes, "world_size": self.world_size, "split": split,
                             "model": repr(model_config), "sampler": repr(sampler_config),
                             "batch_size": config.batch_size, "lr": config.lr, "seed": config.seed,
                             "weight_decay": config.weight_decay, "wire_dtype": self.wire_dtype}
+        if config.rank_capacity is not None:  # absent otherwise: earlier checkpoints keep resuming
+            self.fingerprint["rank_capacity"] = config.rank_capacity
 
     # ------------------------------------------------------------------ set-up
     def _check_pipeline_options(self) -> None:
@@ -279,7 +289,8 @@ class Trainer:
         self.features.fill_cache_by_counts(candidates, counts, min(rows, candidates.numel()))
         # vip's candidates are every node a batch of this rank can reach: cached whole on every rank, the
         # batches need no exchange (and the ranks no lockstep but the gradient sum).
-        whole = policy == "vip" and rows >= candidates.numel()
+        # Not with seed shares: a rank then trains other partitions' seeds too, whose inputs vip did not rank.
+        whole = policy == "vip" and rows >= candidates.numel() and self.config.rank_capacity is None
         self.features.cache_complete = bool(self.exchanger.all_reduce(torch.tensor([int(whole)]),
                                                                       op=dist.ReduceOp.MIN)[0])
         log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB, %s)",
@@ -338,13 +349,42 @@ class Trainer:
         self.steps = len(sizes[0])
         self.step_seeds = torch.tensor(np.sum(sizes, axis=0), dtype=torch.float32)
 
+    def _seed_shares(self) -> SeedShares | None:
+        capacity = parse_capacity(self.config.rank_capacity, self.world_size)
+        if capacity is None or self.world_size == 1:
+            return None
+        if capacity == "auto" and not self.replicated:
+            raise ValueError("--rank-capacity auto times each rank's steps alone, which needs the replicated "
+                             "topology (sampling without requests): raise --topology-budget-mb, or give the "
+                             "weights, e.g. --rank-capacity 2,1")
+        return SeedShares(self.exchanger, self.train_ids, self.labels.index_select(0, self.train_ids - self.start),
+                          self.train_counts, int(self.features.offsets[-1]), capacity,
+                          batch_size=self.config.batch_size, steps=self.steps, seed=self.config.seed)
+
+    def _alone_step(self, seeds: Tensor) -> None:
+        """One step's work on ``seeds`` with no collective: sampled on the replicated structure, remote rows
+        left zero (owned and cached ones read), forward and backward, no gradient sum or update.  What
+        ``--rank-capacity auto`` times."""
+        rng = np.random.default_rng((self.config.seed, 2**31, self.rank))  # 2**31: no epoch's stream
+        batch = self.sampler.sample(seeds, rng=rng)
+        ids = batch.input_ids
+        x = torch.zeros((ids.numel(), *self.features.row_shape))
+        local = (ids >= self.start) & (ids < self.end)
+        x[local] = self.features.rows.index_select(0, ids[local] - self.start)
+        logits = self.module(batch.blocks, x.to(self.device))
+        F.cross_entropy(logits, self.shares.labels[seeds].to(self.device)).backward()
+        self.module.zero_grad(set_to_none=True)
+
     def _make_pipeline(self) -> tuple[PrefetchLoader, DeviceFeeder]:
         cfg, on_device = self.config, self.config.features_on_device
         table = self.features.rows if self.world_size == 1 else self.features
-        loader = PrefetchLoader(self.sampler.sample, self.train_ids, table, self.labels, LoaderConfig(
+        # With seed shares a rank trains seeds of other partitions: labels of every training node, by global id.
+        labels, first_id = (self.labels, self.start) if self.shares is None else (self.shares.labels, 0)
+        loader = PrefetchLoader(self.sampler.sample, self.train_ids, table, labels, LoaderConfig(
             batch_size=cfg.batch_size, num_workers=cfg.num_workers, prefetch=cfg.prefetch, seed=cfg.seed,
             pin_memory=self.device.type == "cuda", gather_features=not on_device,
-            num_batches=self._num_batches(), rank=self.rank), first_id=self.start)
+            num_batches=self._num_batches(), rank=self.rank), first_id=first_id,
+            plan=None if self.shares is None else self.shares.plan)
         return loader, DeviceFeeder(self.device, self.features.rows.to(self.device) if on_device else None)
 
     # ------------------------------------------------------------------ training
@@ -421,12 +461,15 @@ class Trainer:
         self.exchanger.stats.reset()
         self.features.stats.reset()
         start, cpu_start = time.perf_counter(), time.process_time()
+        shares = self.shares.record() if self.shares is not None else {}
         loss, times = self.train_epoch(epoch)
+        if self.shares is not None and epoch < self.config.epochs:
+            self.shares.measure(self._alone_step, epoch)  # the next epoch's shares, timed as part of this one
         # CPU seconds of every thread of this process (trainer, loader, gloo), summed over ranks below.
         times["cpu_s"] = time.process_time() - cpu_start
         times["exchange_s"] = self.exchanger.stats.seconds
         record: dict[str, Any] = {"epoch": epoch, "loss": loss, "epoch_seconds": time.perf_counter() - start,
-                                  **self._reduce_epoch_stats(times)}
+                                  **self._reduce_epoch_stats(times), **shares}
         if epoch % self.config.eval_every == 0 or epoch == self.config.epochs:
             record["val"], record["test"] = self.evaluate()
         return record

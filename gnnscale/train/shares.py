@@ -1,0 +1,87 @@
+"""Seed shares by rank capacity (``--rank-capacity``): which seeds of every global step each rank trains.
+
+Without it, rank ``r`` trains its own training nodes, cut into the same number of steps as every
+other rank: each rank's share of a step is its partition's share of the training nodes.  With it,
+:class:`SeedShares` re-deals every step by capacity (:mod:`gnnscale.distributed.capacity`): given
+weights, or ``auto``: measured before the first epoch and again after every epoch, each time on
+:data:`MEASURED_STEPS` of each rank's own steps run alone (no collective, so no peer's pace is in it).  A step's
+union of seeds is what it is without shares, so the gradient is unchanged; seeds trained away from
+their owner need their label (every rank holds the labels of all training nodes) and their
+features and neighbours from wherever they are (the replicated topology samples them locally).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gnnscale.distributed.capacity import share_steps, shares_from_speed
+from gnnscale.distributed.comm import Exchanger
+from gnnscale.pipeline import epoch_order, split_batches
+
+log = logging.getLogger("gnnscale.train")
+
+MEASURED_STEPS = 3
+
+
+class SeedShares:
+    """Every rank's training nodes, and the shares by which each step's seeds are dealt.
+
+    Args:
+        exchanger: the ranks' channel (the training nodes and labels are all-gathered once).
+        train_ids: int64, this rank's own training nodes (global ids).
+        train_labels: their labels.
+        counts: every rank's number of training nodes.
+        num_nodes: nodes of the whole graph (the label table's size).
+        capacity: ``"auto"`` or one share per rank (summing to 1).
+        batch_size, steps, seed: the loader's settings (each rank's own seeds are cut as without shares).
+    """
+
+    def __init__(self, exchanger: Exchanger, train_ids: Tensor, train_labels: Tensor, counts: list[int],
+                 num_nodes: int, capacity: str | list[float], *, batch_size: int, steps: int, seed: int) -> None:
+        self.exchanger, self.rank = exchanger, exchanger.rank
+        self.batch_size, self.steps, self.seed = batch_size, steps, seed
+        self.own = list(exchanger.all_gather_rows(train_ids).split(counts))
+        self.labels = torch.zeros(num_nodes, dtype=train_labels.dtype)
+        self.labels[torch.cat(self.own)] = exchanger.all_gather_rows(train_labels)
+        self.auto = capacity == "auto"
+        world = exchanger.world_size
+        self.shares: list[float] = [1.0 / world] * world if self.auto else list(capacity)
+        self._measured: Tensor | None = None
+
+    def plan(self, epoch: int) -> list[Tensor]:
+        """This rank's seeds of every step of ``epoch`` (the loader's ``plan``)."""
+        own = [split_batches(epoch_order(ids, shuffle=True, seed=self.seed, epoch=epoch), self.batch_size, False,
+                             self.steps) for ids in self.own]
+        return share_steps(own, self.shares)[self.rank]
+
+    def measure(self, run_step: Callable[[Tensor], None], epoch: int) -> None:
+        """``auto``: time :data:`MEASURED_STEPS` of this rank's own steps, ``run_step(seeds)`` (no collective
+        in it), then set the shares of the epochs that follow from every rank's seeds per second."""
+        if not self.auto:
+            return
+        batches = split_batches(epoch_order(self.own[self.rank], shuffle=True, seed=self.seed + 1, epoch=epoch),
+                                self.batch_size, False, self.steps)[:MEASURED_STEPS]
+        start = time.perf_counter()
+        for seeds in batches:
+            run_step(seeds)
+        seconds = time.perf_counter() - start
+        measured = torch.zeros((self.exchanger.world_size, 2), dtype=torch.float64)
+        measured[self.rank] = torch.tensor([sum(b.numel() for b in batches), seconds], dtype=torch.float64)
+        self.exchanger.all_reduce(measured, op=dist.ReduceOp.SUM)
+        # Every measurement so far counts: a few steps are a noisy sample of a rank's speed.
+        self._measured = measured if self._measured is None else self._measured + measured
+        self.shares = shares_from_speed(self._measured[:, 0].tolist(), self._measured[:, 1].tolist())
+        log.info("rank capacity %s: seeds per second (all measurements) %s -> shares %s",
+                 "before training" if epoch == 0 else f"after epoch {epoch}",
+                 [round(n / t) if t > 0 else 0 for n, t in self._measured.tolist()], [round(x, 3) for x in self.shares])
+
+    def record(self) -> dict[str, Any]:
+        return {"shares": [round(s, 4) for s in self.shares]}
+
