@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(ROOT / "scripts" / "train_node_classification.py")
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # Small enough to start fast, with enough steps per epoch to kill a rank mid-epoch.
+# A cache smaller than the halo: rows still cross between ranks (a cache holding every reachable row would
+# leave nothing to send on a graph this small).
 TRAIN_ARGS = ["--model", "sage", "--num-layers", "2", "--hidden", "32", "--fanouts", "10,10", "--batch-size", "32",
-              "--eval-every", "1", "--quiet"]
+              "--eval-every", "1", "--quiet", "--cache-mb", "0.1"]
 LAUNCH_TIMEOUT = 300
 
 
