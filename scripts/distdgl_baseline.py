@@ -507,7 +507,8 @@ def run_distdgl(graph_bin: Path, workdir: Path, *, epochs: int, num_trainers: in
 
 # ====================================================================== children
 def partition_child(args: argparse.Namespace) -> None:
-    """Child: ``partition_graph`` with one part; writes ``meta.json`` (sizes, classes) next to the partition."""
+    """Child: ``partition_graph`` with ``--num-parts`` parts (one by default: the one-host layout); writes
+    ``meta.json`` (sizes, classes) next to the partition."""
     os.environ.setdefault("DGLBACKEND", "pytorch")
     import dgl
     import torch
@@ -524,8 +525,9 @@ def partition_child(args: argparse.Namespace) -> None:
             "feat_dim": int(graph.ndata["feat"].shape[1]), "num_classes": int(labels.max()) + 1,
             **{f"num_{name}": int(graph.ndata[f"{name}_mask"].sum()) for name in ("train", "val", "test")}}
     start = time.perf_counter()
-    dgl.distributed.partition_graph(graph, GRAPH_NAME, 1, str(args.part_dir), part_method=args.part_method,
-                                    balance_ntypes=graph.ndata["train_mask"], balance_edges=True)
+    dgl.distributed.partition_graph(graph, GRAPH_NAME, args.num_parts, str(args.part_dir),
+                                    part_method=args.part_method, balance_ntypes=graph.ndata["train_mask"],
+                                    balance_edges=True)
     meta["partition_graph_seconds"] = round(time.perf_counter() - start, 3)
     meta["versions"] = {"dgl": dgl.__version__, "torch": torch.__version__}
     (args.part_dir / "meta.json").write_text(json.dumps(meta, indent=2, allow_nan=False))
@@ -723,6 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--role", choices=("partition", "server", "trainer"), help=argparse.SUPPRESS)
     parser.add_argument("--part-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--part-method", default="metis", help=argparse.SUPPRESS)
+    parser.add_argument("--num-parts", type=int, default=1, help=argparse.SUPPRESS)  # one per machine
     parser.add_argument("--ip-config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--local-rank", "--local_rank", type=int, help=argparse.SUPPRESS)  # older torchrun
