@@ -107,6 +107,17 @@ def test_decode_writes_into_out() -> None:
         assert (rows_error(out, rows) <= wire.error_bound(dtype, rows)).all()
 
 
+@pytest.mark.parametrize("d", [1, 5, 1433])
+def test_a_single_row_whose_scale_is_unaligned_round_trips(d: int) -> None:
+    # One row's slice of the payload is contiguous at offset d: the scale must still be read (cora, d = 1433,
+    # failed so before the fix whenever an owner answered a single row).
+    rows = torch.linspace(-1, 1, d).unsqueeze(0)
+    for k in (1, 3):
+        many = rows.repeat(k, 1)
+        back = wire.decode(wire.encode(many, "int8"), "int8", d)
+        assert (rows_error(back, many) <= wire.error_bound("int8", many)).all()
+
+
 def test_empty_payloads_round_trip() -> None:
     for dtype in wire.WIRE_DTYPES:
         assert wire.decode(wire.encode(torch.empty(0, 4), dtype), dtype, 4).shape == (0, 4)

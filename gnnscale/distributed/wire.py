@@ -109,8 +109,9 @@ def decode(payload: Tensor, dtype: str, d: int, out: Tensor | None = None) -> Te
     if dtype != "int8":
         return out.copy_(payload)
     quantised = payload[:, :d].view(torch.int8)
-    # The scale's 4 bytes start at an offset that need not be a multiple of 4: copied before the view.
-    scale = payload[:, d:].contiguous().view(torch.float32)
+    # The scale's 4 bytes start at an offset that need not be a multiple of 4: copied to fresh storage before
+    # the view (contiguous() would not copy a single row's slice, which is contiguous already).
+    scale = torch.empty((payload.shape[0], _SCALE_BYTES), dtype=torch.uint8).copy_(payload[:, d:]).view(torch.float32)
     return torch.mul(quantised, scale, out=out)
 
 
