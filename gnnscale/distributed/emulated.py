@@ -202,6 +202,7 @@ class EmulatedCluster:
     _processes: list[subprocess.Popen] = field(init=False, default_factory=list)
     _made: list[str] = field(init=False, default_factory=list)
     _groups: dict[int, Path] = field(init=False, default_factory=dict)
+    """Slow machine -> the cgroup holding its processes to their CPU quota (none where not writable)."""
 
     def __post_init__(self) -> None:
         self.tag = str(os.getpid())
@@ -302,12 +303,12 @@ class EmulatedCluster:
         ``timeout`` seconds every machine is stopped and the run reported with exit code 124.
         """
         busy = [self._start(self.in_machine(m, [sys.executable, "-c", "while True: pass"]), None)
-                for m in self.spec.slow_machines if self._cpu_group(m) is None]
+                for m in self.spec.slow_machines if m not in self._groups]
         run_id = f"{name}-{self.tag}-{time.monotonic_ns()}"
         logs = [self.log_dir / f"{name}-machine{m}.log" for m in range(self.spec.machines)]
         start = time.perf_counter()
         agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ",
-                              group=self._cpu_group(m)) for m in range(self.spec.machines)]
+                              group=self._groups.get(m)) for m in range(self.spec.machines)]
         seconds, stopped = [0.0] * len(agents), set()
         codes = self._wait(agents, seconds, stopped, start, timeout)
         for process in busy + agents:
@@ -330,10 +331,6 @@ class EmulatedCluster:
                         codes[m], seconds[m] = late, time.perf_counter() - start
             time.sleep(0.05)
         return [int(c) for c in codes]
-
-    def _cpu_group(self, machine: int) -> Path | None:
-        """The cgroup holding a slow machine's processes to its CPU quota; None when it has none."""
-        return self._groups.get(machine)
 
     def _make_cpu_groups(self) -> None:
         """A CPU-quota cgroup (v1 ``cpu`` controller, else v2 ``cpu.max``) per slow machine, where writable."""

@@ -163,9 +163,7 @@ class DistTable:
                                    f"{int(missing[0])}) that a complete cache should hold")
         else:
             self._fetch_grouped(missing, out[num_local + num_cached:])
-        self.stats.local_rows += num_local
-        self.stats.cache_hits += num_cached
-        self.stats.remote_rows += num_missing
+        self._count(num_local, num_cached, num_missing)
         return order
 
     def _gather_grouped_sorted(self, ids: Tensor, out: Tensor) -> Tensor:
@@ -185,10 +183,13 @@ class DistTable:
             cached = order[num_local:num_local + num_cached]
             torch.index_select(self.cache_rows, 0, slot.index_select(0, cached), out=out[num_local:num_local + num_cached])
         self._fetch_grouped(ordered[num_local + num_cached:], out[num_local + num_cached:])
-        self.stats.local_rows += num_local
-        self.stats.cache_hits += num_cached
-        self.stats.remote_rows += num_missing
+        self._count(num_local, num_cached, num_missing)
         return order
+
+    def _count(self, local: int, cached: int, remote: int) -> None:
+        self.stats.local_rows += local
+        self.stats.cache_hits += cached
+        self.stats.remote_rows += remote
 
     def _fetch_grouped(self, missing: Tensor, out: Tensor) -> None:
         """Rows of ``missing`` (ascending remote ids) from their owners into ``out``: a collective."""

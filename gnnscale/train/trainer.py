@@ -417,9 +417,8 @@ class Trainer:
         """Full-neighbour blocks over the owned nodes, with each block's rows in ``cat(owned, halo)``."""
         if self._eval_blocks is None:
             owned = torch.arange(self.start, self.end, dtype=torch.int64)
-            lookup = self.degrees.lookup if self.degrees is not None else None
-            if self.replicated:
-                lookup = self.sampler.local_degrees
+            lookup = self.sampler.local_degrees if self.replicated else \
+                self.degrees.lookup if self.degrees is not None else None
             self._eval_blocks = []
             for chunk in owned.split(self.config.eval_batch_size):
                 src, counts = self.graph.sample(chunk, -1, False, None)
