@@ -109,3 +109,38 @@ def test_bad_capacity_is_refused_before_training(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--rank-capacity", "fast"])
+
+
+def refusals(rank: int, part_dir: str) -> bool:
+    """Every rank builds a trainer with each option the topology cannot serve; each is refused alike."""
+    from gnnscale.distributed.env import init_runtime, read_env
+    from gnnscale.train.cli import build_configs, build_parser
+    from gnnscale.train.trainer import Trainer
+    from partition.load import load_partition
+
+    part = load_partition(part_dir, rank)
+    runtime = init_runtime(read_env(), timeout=120.0)
+    cases = [(["--topology", "replicated", "--topology-budget-mb", "0.001"],
+              r"--topology replicated needs [0-9.]+ MiB per rank for the whole graph structure, over "
+              r"--topology-budget-mb 0.001"),
+             (["--topology", "partitioned", "--cache-policy", "vip"], r"--cache-policy vip needs the whole graph"),
+             (["--topology", "partitioned", "--rank-capacity", "auto"], r"--rank-capacity auto times each rank's "
+              r"steps alone, which needs the replicated topology"),
+             (["--rank-capacity", "1,1,1"], r"gives 3 weight\(s\) for 2 ranks")]
+    try:
+        for extra, message in cases:
+            model, sampler, train, cache = build_configs(build_parser().parse_args(ARGV + extra))
+            with pytest.raises(ValueError, match=message):
+                Trainer(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
+                        cache_config=cache)
+    finally:
+        runtime.close()
+    return True
+
+
+def test_options_the_topology_cannot_serve_are_refused_on_every_rank(tmp_path: Path) -> None:
+    from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+
+    dataset = generate_synthetic(SyntheticConfig(num_nodes=600, avg_degree=4, num_classes=3, feat_dim=4, seed=1))
+    part_dir = partition_dataset(dataset, tmp_path / "syn2", 2)
+    assert run_ranks(refusals, 2, str(part_dir), timeout=120.0) == [True, True]
