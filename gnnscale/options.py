@@ -77,7 +77,8 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
                      "--num-events"), (1, None, True)),
     **dict.fromkeys(("--dropout", "--input-dropout", "--attn-dropout", "--new-node-fraction"), (0, 1, True)),
     **dict.fromkeys(("--weight-decay", "--patience", "--num-workers", "--checkpoint-every", "--cache-mb", "--split",
-                     "--staleness", "--halo-hops", "--seed", "--prefetch", "--topology-budget-mb"), (0, None, True)),
+                     "--staleness", "--halo-hops", "--seed", "--prefetch", "--topology-budget-mb",
+                     "--memory-cache-rows"), (0, None, True)),
     **dict.fromkeys(("--lr", "--failure-timeout", "--avg-degree"), (0, None, False)),
     "--num-classes": (2, None, True),
 }

@@ -1,6 +1,7 @@
 """TGN with node memory sharded over 2 ranks: accuracy, throughput and observed staleness for each bound K.
 
     python scripts/bench_temporal_staleness.py                       # Wikipedia, K = 0,1,2,4,8, 3 epochs
+    python scripts/bench_temporal_staleness.py --ks 0,4 --seeds 0,1,2 --epochs 10   # the issue's sweep
     python scripts/bench_temporal_staleness.py --dataset collegemsg --epochs 1 --ks 0,4   # a quick look
 
 For every K the same command runs under ``torchrun --standalone --nproc_per_node=RANKS``
@@ -9,8 +10,10 @@ single-process run of the same recipe as the reference.  Every process runs with
 ``OMP_NUM_THREADS=1``.  Figures come from each run's ``metrics.json``: test AP (transductive and
 inductive) of the best epoch, training throughput (events per second, the median over epochs),
 and the maximum and mean staleness of the remote reads, in global steps, as measured by the
-ranks (:mod:`gnnscale.temporal.sharded`).  Writes ``runs/bench_temporal_staleness.json`` and
-prints one Markdown table.
+ranks (:mod:`gnnscale.temporal.sharded`).  With several ``--seeds`` every configuration runs once
+per seed and the table gives mean ± std over them, and each K's throughput against K = 0's
+(target: K = 4 at >= 1.3x).  Writes ``runs/bench_temporal_staleness.json`` and prints one
+Markdown table.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import argparse
 import json
 import os
 import platform
+import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=200, help="global batch (events per step, all ranks)")
     parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated; every configuration runs once per seed")
+    parser.add_argument("--rank-args", default="", help="further train_temporal.py options for the multi-rank runs, "
+                        "e.g. \"--memory-cache-rows 2000\"")
     parser.add_argument("--skip-single", action="store_true", help="no single-process reference run")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed for each run")
     parser.add_argument("--workdir", type=Path, default=None, help="run folders and logs (default: a temporary one)")
@@ -70,31 +77,53 @@ def run_training(workdir: Path, name: str, ranks: int, train_args: list[str], ti
     return metrics
 
 
-def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int) -> dict:
+def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int, seed: int) -> dict:
     """One training run at staleness bound ``k``."""
-    name = f"k{k}-{ranks}r" if ranks > 1 else "single"
+    name = (f"k{k}-{ranks}r" if ranks > 1 else "single") + (f"-seed{seed}" if seed else "")
     train = ["--dataset", args.dataset, "--no-edge-features", "--epochs", str(args.epochs), "--patience", "0",
-             "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(args.seed), "--staleness", str(k)]
+             "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed), "--staleness", str(k)]
     if args.data_dir is not None:
         train += ["--data-dir", str(args.data_dir)]
+    if ranks > 1:
+        train += shlex.split(args.rank_args)
     metrics = run_training(workdir, name, ranks, train, args.timeout)
     print(f"[bench] {name}: test AP {metrics['test_ap']:.4f}, {metrics['train_events_per_second']:.0f} events/s, "
           f"staleness max {metrics['staleness_max']} mean {metrics['staleness_mean']:.3f}", flush=True)
     return metrics
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| run | K | test AP | inductive AP | test MRR | train events/s | staleness max | staleness mean "
-             "| stale share of remote reads | remote share of reads |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        run = "1 process" if row["world_size"] == 1 else f"{row['world_size']} ranks"
-        last = row["history"][-1]
-        remote = f"{row['remote_read_fraction']:.1%}" if row["world_size"] > 1 else "-"
-        stale = f"{last['stale_read_fraction']:.1%}" if row["world_size"] > 1 else "-"
-        lines.append(f"| {run} | {row['staleness'] if row['world_size'] > 1 else '-'} | {row['test_ap']:.4f} "
-                     f"| {row['test_ap_inductive']:.4f} | {row['test_mrr']:.4f} | {row['train_events_per_second']:.0f} "
-                     f"| {row['staleness_max']} | {row['staleness_mean']:.3f} | {stale} | {remote} |")
+K_TARGET, SPEEDUP_TARGET = 4, 1.3  # K = 4 at >= 1.3x the throughput of K = 0
+
+
+def mean_std(values: list[float], digits: int) -> str:
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.{digits}f}" + (f" ± {std:.{digits}f}" if len(values) > 1 else "")
+
+
+def table(groups: dict[tuple[int, int], list[dict]]) -> str:
+    """One line per configuration (1 process, or K on several ranks), mean ± std over its seeds."""
+    lines = ["| run | K | seeds | test AP | inductive AP | test MRR | train events/s | x K = 0 | staleness max "
+             "| staleness mean | stale share of reads | remote share of reads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    k0 = next((rows for (ranks, k), rows in groups.items() if ranks > 1 and k == 0), None)
+    for (ranks, k), rows in groups.items():
+        many = ranks > 1
+        speed = [r["train_events_per_second"] for r in rows]
+        ratio = f"{statistics.fmean(speed) / statistics.fmean(r['train_events_per_second'] for r in k0):.2f}" \
+            if many and k0 else "-"
+        lines.append(
+            f"| {f'{ranks} ranks' if many else '1 process'} | {k if many else '-'} | {len(rows)} "
+            f"| {mean_std([r['test_ap'] for r in rows], 4)} | {mean_std([r['test_ap_inductive'] for r in rows], 4)} "
+            f"| {mean_std([r['test_mrr'] for r in rows], 4)} | {mean_std(speed, 0)} | {ratio} "
+            f"| {max(r['staleness_max'] for r in rows)} | {mean_std([r['staleness_mean'] for r in rows], 3)} "
+            f"| {mean_std([r['history'][-1]['stale_read_fraction'] for r in rows], 3) if many else '-'} "
+            f"| {mean_std([r['remote_read_fraction'] for r in rows], 3) if many else '-'} |")
+    four = next((rows for (ranks, k), rows in groups.items() if ranks > 1 and k == K_TARGET), None)
+    if four and k0:
+        ratio = statistics.fmean(r["train_events_per_second"] for r in four) / \
+            statistics.fmean(r["train_events_per_second"] for r in k0)
+        lines.append(f"\nK = {K_TARGET} against K = 0: {ratio:.2f}x the training events/s (target >= "
+                     f"{SPEEDUP_TARGET}x: {'met' if ratio >= SPEEDUP_TARGET else 'NOT met'}).")
     return "\n".join(lines)
 
 
@@ -102,23 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         ks = [int(k) for k in args.ks.split(",") if k.strip()]
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
-        print(f"error: --ks must be comma-separated integers, got {args.ks!r}", file=sys.stderr)
+        print(f"error: --ks and --seeds must be comma-separated integers, got {args.ks!r} and {args.seeds!r}",
+              file=sys.stderr)
         return 2
-    if not ks or min(ks) < 0 or args.ranks < 2 or args.epochs < 1:
-        print("error: --ks needs integers >= 0, --ranks >= 2 and --epochs >= 1", file=sys.stderr)
+    if not ks or min(ks) < 0 or not seeds or args.ranks < 2 or args.epochs < 1:
+        print("error: --ks needs integers >= 0, --seeds at least one, --ranks >= 2 and --epochs >= 1", file=sys.stderr)
         return 2
+    configs = ([] if args.skip_single else [(1, 0)]) + [(args.ranks, k) for k in ks]
+    groups: dict[tuple[int, int], list[dict]] = {config: [] for config in configs}
     with tempfile.TemporaryDirectory(prefix="gnnscale-bench-temporal-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        rows = [] if args.skip_single else [run_one(args, workdir, 1, 0)]
-        rows += [run_one(args, workdir, args.ranks, k) for k in ks]
+        for seed in seeds:  # seeds outermost: a drifting machine touches every configuration alike
+            for ranks, k in configs:
+                groups[(ranks, k)].append({**run_one(args, workdir, ranks, k, seed), "seed": seed})
     result = {"dataset": args.dataset, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-              "ranks": args.ranks, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "runs": [{k: v for k, v in row.items() if k != "args"} for row in rows]}
+              "ranks": args.ranks, "seeds": seeds, "rank_args": args.rank_args,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "runs": [{k: v for k, v in row.items() if k != "args"} for rows in groups.values() for row in rows]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(strict_json(result))
-    print(table(rows))
+    print(table(groups))
     print(f"-> {args.out}")
     return 0
 

@@ -21,6 +21,8 @@ from gnnscale.temporal.sharded import partition_interactions
 from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
 
 STALENESS = (0, 1, 4)
+BOUNDED = [("bounded", 0), ("bounded", 2)]
+WIDE, CACHE = 4000, 600
 
 
 def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> TemporalEvents:
@@ -36,7 +38,7 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
           neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
-          sync_every: int = 1):
+          sync_every: int = 1, cache_rows: int | None = None):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
@@ -46,7 +48,8 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
                                   config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
-                                                             parallelism=parallelism, sync_every=sync_every),
+                                                             parallelism=parallelism, sync_every=sync_every,
+                                                             memory_cache_rows=cache_rows),
                                   runtime=runtime, owner=owner, record=record)
     trainer.model.double()
     return trainer
@@ -64,18 +67,30 @@ def ranks_job(rank: int, method: str) -> dict:
         train = split.train
         owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, runtime.world_size,
                                        method=method, seed=0)
-        # Keyed by K (batch cutoff), and "event": K = 0 with TGN's per-event neighbour cutoff.
-        for key, k, cutoff in [(k, k, "batch") for k in STALENESS] + [("event", 0, "event")]:
-            trainer = build(events, k, runtime, owner, record=True, neighbor_cutoff=cutoff)
+        # Keyed by K (batch cutoff), "event": K = 0 with TGN's per-event neighbour cutoff, and
+        # ("bounded", K): on a stream of WIDE nodes, a table of the owned nodes plus CACHE cached rows.
+        wide = stream(num_nodes=WIDE)
+        wide_train = chronological_split(wide, seed=0).train
+        wide_owner = partition_interactions(wide.src[wide_train], wide.dst[wide_train], WIDE, runtime.world_size,
+                                            method=method, seed=0)
+        runs = [(k, k, "batch", None) for k in STALENESS] + [("event", 0, "event", None)] + \
+            [(("bounded", k), k, "batch", CACHE) for k in (0, 2)]
+        for key, k, cutoff, cache in runs:
+            data, owners = (events, owner) if cache is None else (wide, wide_owner)
+            trainer = build(data, k, runtime, owners, record=True, neighbor_cutoff=cutoff, cache_rows=cache)
             metrics = trainer.fit()
             reads, writes = trainer.shard.log.arrays()
-            results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(),
+            state = trainer.model.memory.state
+            held = torch.nonzero(state.slot >= 0).squeeze(1)
+            results[key] = {"memory": state.memory[state.rows(held)].numpy().copy(), "held": held.numpy(),
+                          "rows": metrics["memory_rows_per_rank"], "fetched": metrics["fetched_rows_run"],
                           "owned": trainer.shard.owned.numpy().copy(),
                           "test_ap": metrics["test_ap"], "val_ap": metrics["val_ap"],
                           "test_ap_per_batch": metrics["test_ap_per_batch"],
                           "staleness_max": metrics["staleness_max_run"],
                           "staleness_mean": metrics["staleness_mean_run"],
-                          "remote_reads": metrics["remote_reads_run"], "reads": reads, "writes": writes,
+                          "reads_run": metrics["reads_run"], "remote_reads": metrics["remote_reads_run"],
+                          "reads": reads, "writes": writes,
                           "loss": metrics["loss"],
                           "best_epoch_val_ap": metrics["history"][metrics["best_epoch"] - 1]["val_ap"]}
         # Memory groups: weights held still (lr 1e-12), so each group's memory depends on the stream alone;
@@ -99,29 +114,46 @@ def two_ranks() -> list[dict]:
     return run_ranks(ranks_job, 2, "random", timeout=300.0)
 
 
-@pytest.fixture(scope="module", params=["batch", "event"])
-def single(request) -> dict:
+def single_run(events: TemporalEvents, cutoff: str) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = build(stream(), 0, neighbor_cutoff=request.param)
+        trainer = build(events, 0, neighbor_cutoff=cutoff)
         metrics = trainer.fit()
     finally:
         torch.set_num_threads(threads)
-    return {"memory": trainer.model.memory.state.memory.numpy().copy(), "cutoff": request.param, **metrics}
+    return {"memory": trainer.model.memory.state.memory.numpy().copy(), "cutoff": cutoff, **metrics}
+
+
+@pytest.fixture(scope="module", params=["batch", "event", "bounded"])
+def single(request) -> dict:
+    if request.param == "bounded":
+        return {**single_run(stream(num_nodes=WIDE), "batch"), "key": ("bounded", 0)}
+    return {**single_run(stream(), request.param), "key": 0 if request.param == "batch" else "event"}
 
 
 def test_k0_on_two_ranks_is_the_single_process_run(two_ranks, single):
-    """For either neighbour cutoff."""
+    """For either neighbour cutoff, and (batch cutoff) with a bounded cache."""
     for rank in range(2):
-        got = two_ranks[rank][0 if single["cutoff"] == "batch" else "event"]
-        # Both ranks' tables, owned rows and replica rows alike, after two epochs and the final evaluation.
-        np.testing.assert_allclose(got["memory"], single["memory"], atol=1e-5, rtol=0)
+        got = two_ranks[rank][single["key"]]
+        # Every row a rank holds, after two epochs and the final evaluation.
+        np.testing.assert_allclose(got["memory"], single["memory"][got["held"]], atol=1e-5, rtol=0)
         assert abs(got["test_ap"] - single["test_ap"]) <= 0.002
         assert abs(got["test_ap_per_batch"] - single["test_ap_per_batch"]) <= 0.002
         assert abs(got["loss"] - single["loss"]) <= 1e-5
-    assert two_ranks[0][0]["remote_reads"] > 0  # the ranks really read each other's nodes
+    assert two_ranks[0][single["key"]]["remote_reads"] > 0  # the ranks really read each other's nodes
     assert two_ranks[0]["event"]["loss"] != two_ranks[0][0]["loss"]  # the cutoff reached the ranks
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_bounded_cache_holds_fewer_rows_and_fetches_the_rest(two_ranks, k):
+    """4000 nodes: each rank holds its owned nodes and 600 more, fewer than the dense table's 4000, and
+    fetched rows it lacked; K = 0 is still the single-process run (above), K = 2 keeps its bound."""
+    got = [two_ranks[rank][("bounded", k)] for rank in range(2)]
+    owned = [int(two_ranks[rank][("bounded", k)]["owned"].sum()) for rank in range(2)]
+    assert got[0]["rows"] == [owned[0] + CACHE, owned[1] + CACHE] and max(got[0]["rows"]) <= 0.7 * WIDE
+    assert got[0]["fetched"] > 0
+    assert two_ranks[0][0]["rows"] == [120, 120]
 
 
 @pytest.mark.parametrize("k", STALENESS)
@@ -202,8 +234,8 @@ def test_memory_groups_cover_the_stream_once_per_epoch_and_walk_it_in_order():
 
 
 def brute_force_staleness(reads: np.ndarray, writes_by_node: dict[int, np.ndarray]) -> np.ndarray:
-    """For each remote read (node, step, version): ``step - m`` for the earliest owner write ``m`` with
-    ``version < m < step``, else 0."""
+    """For each read (node, step, version): ``step - m`` for the earliest write ``m`` of the other rank
+    with ``version < m < step``, else 0."""
     out = np.zeros(len(reads), dtype=np.int64)
     for i, (node, step, version) in enumerate(reads):
         steps = writes_by_node.get(int(node), np.empty(0, np.int64))
@@ -213,18 +245,22 @@ def brute_force_staleness(reads: np.ndarray, writes_by_node: dict[int, np.ndarra
     return out
 
 
-@pytest.mark.parametrize("k", STALENESS)
-def test_no_read_is_more_than_k_steps_behind_its_owner(two_ranks, k):
-    writes = np.concatenate([two_ranks[rank][k]["writes"] for rank in range(2)])
-    by_node = {int(node): np.sort(writes[writes[:, 0] == node, 1]) for node in np.unique(writes[:, 0])}
-    ages = np.concatenate([brute_force_staleness(two_ranks[rank][k]["reads"], by_node) for rank in range(2)])
-    assert ages.size == two_ranks[0][k]["remote_reads"]  # every counted remote read is in the log
+@pytest.mark.parametrize("key", list(STALENESS) + BOUNDED)
+def test_no_read_is_more_than_k_steps_behind_the_other_ranks_writes(two_ranks, key):
+    k = key if isinstance(key, int) else key[1]
+    ages = []
+    for rank in range(2):
+        writes = two_ranks[1 - rank][key]["writes"]
+        by_node = {int(node): np.sort(writes[writes[:, 0] == node, 1]) for node in np.unique(writes[:, 0])}
+        ages.append(brute_force_staleness(two_ranks[rank][key]["reads"], by_node))
+    ages = np.concatenate(ages)
+    assert ages.size == two_ranks[0][key]["reads_run"]  # every counted read is in the log
     assert ages.max() <= k
     if k > 0:
-        assert ages.max() == k  # replicas do lag, by up to the bound: the check above can fail
+        assert ages.max() == k  # reads do lag, by up to the bound: the check above can fail
     # The trainer's counters (over the whole run) are the same numbers.
-    assert two_ranks[0][k]["staleness_max"] == ages.max()
-    assert two_ranks[0][k]["staleness_mean"] == pytest.approx(ages.mean())
+    assert two_ranks[0][key]["staleness_max"] == ages.max()
+    assert two_ranks[0][key]["staleness_mean"] == pytest.approx(ages.mean())
 
 
 def test_owners_are_a_metis_partition_of_the_interaction_graph():
@@ -244,16 +280,17 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
     import sys
     from pathlib import Path
 
-    events = stream(num_events=800, num_nodes=60)
+    events = stream(num_events=800, num_nodes=600)
     np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_staleness.py"), "--dataset", "npz",
                            "--data-dir", str(tmp_path / "events.npz"), "--ks", "2", "--epochs", "1",
                            "--batch-size", "50", "--skip-single", "--workdir", str(tmp_path / "work"),
+                           "--rank-args", "--memory-cache-rows 200",
                            "--out", str(out)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "| 2 ranks | 2 |" in done.stdout
+    assert "| 2 ranks | 2 | 1 |" in done.stdout
     (run,) = json.loads(out.read_text())["runs"]
     assert run["world_size"] == 2 and run["staleness"] == 2
     assert 0 <= run["staleness_max"] <= 2 and run["staleness_mean"] <= run["staleness_max"]
@@ -261,6 +298,10 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
     assert 0.0 <= run["test_ap"] <= 1.0
     metrics = json.loads((tmp_path / "work" / "k2-2r" / "metrics.json").read_text())
     assert metrics["history"][0]["staleness_max"] <= run["staleness_max"]
+    # The bounded table reached the ranks: owned nodes plus 200 (or more, had a step needed more).
+    n = int(max(events.src.max(), events.dst.max())) + 1
+    assert metrics["args"]["memory_cache_rows"] == 200 and metrics["num_nodes"] == n
+    assert all(rows < n for rows in metrics["memory_rows_per_rank"]) and metrics["fetched_rows"] > 0
 
 
 def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
@@ -270,7 +311,7 @@ def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
     import sys
     from pathlib import Path
 
-    events = stream(num_events=800, num_nodes=60)
+    events = stream(num_events=800, num_nodes=600)
     np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bench.json"

@@ -46,19 +46,42 @@ def test_updated_leaves_the_state_alone_and_persist_consumes_the_mail():
     tm = memory()
     tm.store_messages(torch.tensor([0]), torch.tensor([1]), t64(3.0), torch.ones(1, 2))
     before = tm.state.state_dict()
-    new_memory, last_update = tm.updated()
+    view = tm.updated(torch.tensor([3, 1, 0, 1]))
     for name, value in tm.state.state_dict().items():
         assert torch.equal(value, before[name]), name
-    assert new_memory.requires_grad  # trained through the GRU
-    assert not torch.equal(new_memory[0], before["memory"][0]) and torch.equal(new_memory[3], before["memory"][3])
-    assert last_update[:2].tolist() == [3.0, 3.0]
-    # Only the needed nodes are updated.
-    partial, _ = tm.updated(torch.tensor([1, 4]))
-    assert torch.equal(partial[0], before["memory"][0]) and torch.equal(partial[1], new_memory[1])
-    tm.persist(torch.tensor([0]), new_memory, last_update)
+    assert view.nodes.tolist() == [0, 1, 3]  # only the needed nodes, distinct and sorted
+    assert view.memory.requires_grad  # trained through the GRU
+    assert not torch.equal(view.rows(torch.tensor([0]))[0], before["memory"][0])
+    assert torch.equal(view.rows(torch.tensor([3]))[0], before["memory"][3])
+    assert view.last_update.tolist() == [3.0, 3.0, 0.0]
+    # A node's updated row does not depend on which other nodes are needed.
+    partial = tm.updated(torch.tensor([1, 4]))
+    assert torch.equal(partial.rows(torch.tensor([1])), view.rows(torch.tensor([1])))
+    tm.persist(torch.tensor([0]), view)
     assert tm.state.has_mail.tolist()[:2] == [False, True]
-    assert torch.equal(tm.state.memory[0], new_memory[0].detach()) and not tm.state.memory.requires_grad
+    assert torch.equal(tm.state.memory[0], view.rows(torch.tensor([0]))[0].detach())
+    assert not tm.state.memory.requires_grad
     assert tm.state.last_update[0] == 3.0
+
+
+def test_a_bounded_table_holds_admitted_nodes_and_grows_when_full():
+    state = MemoryState(10, MemoryConfig(memory_dim=2, time_dim=2), capacity=3)
+    assert state.rows_held == 0 and state.memory.shape == (3, 2)
+    rows = state.admit(torch.tensor([7, 2]))
+    state.memory[rows] = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    assert state.rows(torch.tensor([2, 7])).tolist() == rows.flip(0).tolist()
+    state.evict(torch.tensor([7]))
+    assert state.slot[7] == -1 and state.rows_held == 1
+    state.admit(torch.tensor([1, 3, 4]))  # 2 free rows, 3 nodes: grows to 4 rows
+    assert state.capacity == 4 and state.rows_held == 4
+    assert state.memory[state.rows(torch.tensor([1, 3, 4]))].abs().sum() == 0  # admitted rows start at zero
+    assert torch.equal(state.memory[state.rows(torch.tensor([2]))], torch.tensor([[2.0, 2.0]]))
+    saved = state.state_dict()
+    other = MemoryState(10, state.config, capacity=3)
+    other.load_state_dict(saved)  # takes the grown size
+    assert other.capacity == 4 and torch.equal(other.slot, state.slot)
+    with pytest.raises(ValueError, match="capacity must be >= 0 rows, got -1"):
+        MemoryState(10, state.config, capacity=-1)
 
 
 def test_reset_state_dict_and_device_round_trip():

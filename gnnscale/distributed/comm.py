@@ -120,6 +120,28 @@ class Exchanger:
             return values
         return finish
 
+    def all_gather_start(self, rows: Tensor) -> Callable[[], list[Tensor]]:
+        """Start gathering every rank's ``rows`` (a CPU tensor of the same shape on every rank: no round
+        of sizes); returns what waits and gives them in rank order.  The caller works on meanwhile."""
+        if self.group is None:
+            return lambda: [rows]
+        start = time.perf_counter()
+        gathered = [torch.empty_like(rows) for _ in range(self.world_size)]
+        work = dist.all_gather(gathered, rows, group=self.group, async_op=True)
+        self._keep(rows, *gathered)
+        size = rows.numel() * rows.element_size()
+        self.stats.bytes_sent += size * (self.world_size - 1)
+        self.stats.bytes_received += size * (self.world_size - 1)
+        self.stats.exchanges += 1
+        self.stats.seconds += time.perf_counter() - start
+
+        def finish() -> list[Tensor]:
+            waited = time.perf_counter()
+            work.wait()
+            self.stats.seconds += time.perf_counter() - waited
+            return gathered
+        return finish
+
     def all_gather_rows(self, rows: Tensor) -> Tensor:
         """Concatenate every rank's ``rows`` (any number per rank) in rank order."""
         if self.group is None:

@@ -77,9 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--parallelism", choices=("sharded", "memory"), default="sharded", help="sharded: one node "
                       "memory owned by rank, every rank a share of each global batch; memory: every rank holds a "
                       "whole memory and trains on its own time segment, gradients averaged each step (DistTGL)")
-    dist.add_argument("--staleness", type=int, default=0, metavar="K", help="the most global steps a read of "
-                      "another rank's node memory may be behind its owner; 0 = synchronous, the single-process "
-                      "semantics")
+    dist.add_argument("--staleness", type=int, default=0, metavar="K", help="sharded: the most global steps a "
+                      "read of node memory may be behind other ranks' writes; 0 = synchronous, the single-process "
+                      "semantics; K >= 1 sends the writes of every K steps in one exchange that runs while the "
+                      "next step computes")
+    dist.add_argument("--memory-cache-rows", type=int, default=None, metavar="ROWS", help="sharded: each rank's "
+                      "memory table holds the nodes it owns plus ROWS others, least recently read evicted first, "
+                      "missing rows fetched from their owners (default: every node on every rank, nothing fetched)")
     dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
                       "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
     dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
@@ -105,6 +109,8 @@ NO_EFFECT = (
     NoEffect("--event-split", _one_process, "one process computes every event"),
     NoEffect("--parallelism", _one_process, "one process is one memory group"),
     NoEffect("--staleness", _memory_groups, "each memory group reads its own whole memory exactly"),
+    NoEffect("--memory-cache-rows", _one_process, "one process holds every node memory"),
+    NoEffect("--memory-cache-rows", _memory_groups, "each memory group holds every node memory"),
     NoEffect("--partition-method", _memory_groups, "each memory group holds every node memory"),
     NoEffect("--event-split", _memory_groups, "each memory group computes all events of its batches"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
@@ -156,7 +162,8 @@ def run(args: argparse.Namespace) -> dict:
                "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
                "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
-               "remote_read_fraction": best["remote_read_fraction"],
+               "remote_read_fraction": best["remote_read_fraction"], "fetched_rows": best["fetched_rows_run"],
+               "num_nodes": best["num_nodes"], "memory_rows_per_rank": best["memory_rows_per_rank"],
                "peak_rss_mib_per_rank": best["peak_rss_mib_per_rank"],
                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "history": best["history"]}
@@ -182,7 +189,8 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
                                  device=args.device, staleness=args.staleness,
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
-                                 parallelism=args.parallelism, sync_every=args.sync_every)
+                                 parallelism=args.parallelism, sync_every=args.sync_every,
+                                 memory_cache_rows=args.memory_cache_rows)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)

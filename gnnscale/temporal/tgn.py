@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gnnscale.temporal.memory import MemoryConfig, TemporalMemory
+from gnnscale.temporal.memory import MemoryConfig, MemoryView, TemporalMemory
 
 
 @dataclass(kw_only=True)
@@ -117,20 +117,21 @@ class TGN(nn.Module):
         self.predictor = LinkPredictor(config.embedding_dim)
         self.edge_dim = memory_config.edge_dim
 
-    def embed(self, memory: Tensor, nodes: Tensor, times: Tensor, neighborhood: Neighborhood,
+    def embed(self, memory: MemoryView, nodes: Tensor, times: Tensor, neighborhood: Neighborhood,
               edge_features: Tensor | None) -> Tensor:
         """Embeddings float [B, embedding_dim] of ``nodes`` at ``times`` (float64 [B]).  ``memory`` is the
-        full updated memory from ``self.memory.updated()``; ``edge_features`` float [E, edge_dim] is
-        indexed by the neighbourhood's event ids."""
+        updated memory of the nodes and their neighbours (``self.memory.updated()``); ``edge_features``
+        float [E, edge_dim] is indexed by the neighbourhood's event ids."""
         encoder = self.memory.time_encoder
-        dt = (times.unsqueeze(1) - neighborhood.times).to(memory.dtype).clamp(min=0.0)
+        dtype = memory.memory.dtype
+        dt = (times.unsqueeze(1) - neighborhood.times).to(dtype).clamp(min=0.0)
         pair = [encoder(dt)]
         if self.edge_dim:
             ids = neighborhood.event_ids.clamp(min=0)
-            pair.insert(0, edge_features[ids] * neighborhood.mask.unsqueeze(-1))
+            pair.insert(0, edge_features[ids].to(dtype) * neighborhood.mask.unsqueeze(-1))
         distinct, index = torch.unique(neighborhood.neighbors.clamp(min=0), return_inverse=True)
-        query_code = encoder(torch.zeros_like(times, dtype=memory.dtype))
-        return self.embedding(memory[nodes], query_code, memory[distinct], index, torch.cat(pair, dim=-1),
+        query_code = encoder(torch.zeros_like(times, dtype=dtype))
+        return self.embedding(memory.rows(nodes), query_code, memory.rows(distinct), index, torch.cat(pair, dim=-1),
                               neighborhood.mask)
 
     def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor,

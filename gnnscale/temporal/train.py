@@ -54,8 +54,8 @@ from torch import Tensor
 from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
-from gnnscale.temporal.memory import MemoryConfig
-from gnnscale.temporal.sharded import ShardedMemory, StalenessStats
+from gnnscale.temporal.memory import MemoryConfig, MemoryView
+from gnnscale.temporal.sharded import ShardedMemory, StalenessStats, StepWrites
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
 from gnnscale.train.fit import FitState, epoch_seed, fit
 
@@ -97,6 +97,9 @@ class TemporalTrainConfig:
     sync_every: int = 1
     """Batches per optimizer step: gradients are accumulated over ``sync_every`` consecutive batches
     (the memory still advances every batch), so ranks sum gradients once per that many batches."""
+    memory_cache_rows: int | None = None
+    """Sharded: rows of each rank's memory table for nodes owned elsewhere, evicted least recently read
+    first (``None``: a dense table of every node)."""
     parallelism: str = "sharded"
     """Several ranks: ``sharded`` (one memory, owned by rank; every rank computes a share of each global
     batch) or ``memory`` (each rank a memory group with a whole memory and its own time segment)."""
@@ -169,7 +172,7 @@ class TemporalLinkTrainer:
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
         self.comm = Exchanger(None if runtime is None else runtime.sample_group, self.rank, self.world_size)
         self.shard = ShardedMemory(self.model.memory, torch.from_numpy(np.asarray(owner, dtype=np.int64)),
-                                   staleness=config.staleness, record=record,
+                                   staleness=config.staleness, record=record, cache_rows=config.memory_cache_rows,
                                    exchanger=self.comm if shards > 1 else Exchanger(None, 0, 1))
         # Who computes each event: the owner of its source, balanced per batch (see split_events).
         self.event_owner = np.asarray(owner)[events.src]
@@ -187,6 +190,7 @@ class TemporalLinkTrainer:
         self.edge_features = None if events.edge_features is None else \
             torch.from_numpy(events.edge_features).to(self.device)
         # Event ids of the neighbourhoods index the graph's own events: map them to stream positions.
+        self.cpu_src, self.cpu_dst, self.cpu_t = (torch.from_numpy(a) for a in (events.src, events.dst, events.t))
         self.src = torch.from_numpy(events.src).to(self.device)
         self.dst = torch.from_numpy(events.dst).to(self.device)
         self.t = torch.from_numpy(events.t).to(self.device)
@@ -201,20 +205,25 @@ class TemporalLinkTrainer:
                             event_ids=torch.from_numpy(event_ids).to(self.device),
                             mask=torch.from_numpy(found.mask).to(self.device))
 
-    def local_positions(self, batch: np.ndarray) -> np.ndarray:
-        """Positions in the global ``batch`` of the events this rank computes (all of them on one rank)."""
+    def event_ranks(self, batch: np.ndarray) -> np.ndarray:
+        """The rank among the memory's shards computing each event of the global ``batch`` (all 0 where
+        one rank holds the memory: one process, or a memory group)."""
         if self.shard.world_size == 1:
-            return np.arange(batch.size)
+            return np.zeros(batch.size, dtype=np.int64)
         ranks = self.event_owner[batch]
         if self.config.event_split == "balanced":
             ranks = split_events(ranks, self.world_size)
-        return np.flatnonzero(ranks == self.rank)
+        return ranks
+
+    def local_positions(self, batch: np.ndarray) -> np.ndarray:
+        """Positions in the global ``batch`` of the events this rank computes (all of them on one rank)."""
+        return np.flatnonzero(self.event_ranks(batch) == self.shard.rank)
 
     def embed_batch(self, batch: np.ndarray, sampler, event_map: np.ndarray | None, rng: np.random.Generator,
-                    eval_negatives: int = 0, positions: np.ndarray | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                    eval_negatives: int = 0, positions: np.ndarray | None = None) -> tuple[Tensor, MemoryView]:
         """Embeddings of this rank's share of a global batch: its events' sources, destinations and
         ``1 + eval_negatives`` negatives per event (``[src; dst; negatives]``), with the memory they
-        were computed from: ``(z, memory, last_update)``.  ``positions``: this rank's share of the
+        were computed from: ``(z, view)``.  ``positions``: this rank's share of the
         batch, when the caller has it (:meth:`local_positions`).
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
@@ -244,17 +253,18 @@ class TemporalLinkTrainer:
             *(torch.cat([getattr(part, name) for part in parts]) for name in ("neighbors", "times", "event_ids", "mask")))
         needed = torch.cat([nodes, neighborhood.neighbors[neighborhood.mask]])
         self.shard.read(needed)
-        memory, last_update = self.model.memory.updated(needed)
-        return self.model.embed(memory, nodes, times, neighborhood, self.edge_features), memory, last_update
+        view = self.model.memory.updated(needed)
+        return self.model.embed(view, nodes, times, neighborhood, self.edge_features), view
 
     def _step(self, batch: np.ndarray, sampler, event_map, rng: np.random.Generator, *, train: bool,
               eval_negatives: int = 0, sync: bool = True) -> dict[str, Tensor]:
         """One global step: this rank's share of ``batch``; every rank calls it for every batch.
         Training, it accumulates gradients, and ``sync`` ends the accumulation with an optimizer step."""
         model, count = self.model, batch.size
-        positions = self.local_positions(batch)
+        ranks = self.event_ranks(batch)
+        positions = np.flatnonzero(ranks == self.shard.rank)
         n = positions.size
-        z, memory, last_update = self.embed_batch(batch, sampler, event_map, rng, eval_negatives, positions)
+        z, view = self.embed_batch(batch, sampler, event_map, rng, eval_negatives, positions)
         z_src, z_dst, z_neg = z[:n], z[n:2 * n], z[2 * n:]
         # A sum over this rank's events divided by the global count: summed over ranks, the batch mean.
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
@@ -266,14 +276,10 @@ class TemporalLinkTrainer:
         if eval_negatives:
             others = model.predictor(z_src.repeat(eval_negatives, 1), z_neg[n:]).detach()
             out["mrr_neg"] = others.view(eval_negatives, n).t()
-        local = torch.from_numpy(batch[positions]).to(self.device)
-        src, dst, t = self.src[local], self.dst[local], self.t[local]
-        memory = memory.detach()
-        message_nodes, message_times, messages = model.memory.make_messages(
-            src, dst, t, memory, None if self.edge_features is None else self.edge_features[local])
-        keys = torch.from_numpy(np.concatenate([positions, count + positions])).to(self.device)
-        self.shard.write(torch.unique(torch.cat([src, dst])), memory, last_update, message_nodes, message_times,
-                         keys, messages)
+        ids = torch.from_numpy(batch)
+        self.shard.write(StepWrites(self.shard.step, self.cpu_src[ids], self.cpu_dst[ids], self.cpu_t[ids],
+                                    None if self.edge_features is None else self.edge_features[ids.to(self.device)],
+                                    torch.from_numpy(ranks)), view)
         self.shard.end_step()
         if step is not None:
             step()
@@ -380,7 +386,7 @@ class TemporalLinkTrainer:
             ids = torch.from_numpy(batch).to(self.device)
             src, dst = self.src[ids], self.dst[ids]
             nodes = torch.unique(torch.cat([src, dst]))
-            memory.persist(nodes, *memory.updated(nodes))
+            memory.persist(nodes, memory.updated(nodes))
             memory.store_messages(src, dst, self.t[ids], None if self.edge_features is None else self.edge_features[ids])
 
     def _share_memory(self, holder: int) -> None:
@@ -438,7 +444,7 @@ class TemporalLinkTrainer:
         top = comm.all_reduce(torch.tensor([stats.staleness_max]), op=torch.distributed.ReduceOp.MAX) \
             if self.world_size > 1 else torch.tensor([stats.staleness_max])
         combined = StalenessStats(reads=int(total[0]), remote_reads=int(total[1]), stale_reads=int(total[2]),
-                                  staleness_sum=int(total[3]), staleness_max=int(top[0]))
+                                  staleness_sum=int(total[3]), fetched=int(total[4]), staleness_max=int(top[0]))
         return combined.as_dict()
 
     def _seed_pass(self, epoch: int) -> np.random.Generator:
@@ -453,7 +459,7 @@ class TemporalLinkTrainer:
         start = time.perf_counter()
         loss = self.train_epoch(epoch)
         train_seconds = time.perf_counter() - start
-        self._memory_after_training = self.model.memory.state.state_dict()
+        self._memory_after_training = self.shard.state_dict()
         val = self.evaluate(np.flatnonzero(self.split.val), self._inductive, self._seed_pass(epoch), ranking=False)
         return {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
                 "train_events_per_second": self.train_event_ids.size / train_seconds,
@@ -464,8 +470,9 @@ class TemporalLinkTrainer:
         """The staleness of the reads since the last call, also added to the run's totals."""
         staleness, overall = self._staleness(), self._overall
         overall["staleness_max"] = max(overall["staleness_max"], staleness["staleness_max"])
-        overall["staleness_sum"] += staleness["staleness_mean"] * staleness["remote_reads"]
-        overall["remote_reads"] += staleness["remote_reads"]
+        overall["staleness_sum"] += staleness["staleness_mean"] * staleness["reads"]
+        for name in ("reads", "remote_reads", "fetched_rows"):
+            overall[name] += staleness[name]
         return staleness
 
     def _log_epoch(self, record: dict, state: FitState) -> None:
@@ -486,13 +493,13 @@ class TemporalLinkTrainer:
         leaves it."""
         split, started = self.split, time.perf_counter()
         self._inductive = split.val_new_node | split.test_new_node
-        self._overall = {"staleness_max": 0, "staleness_sum": 0.0, "remote_reads": 0}
+        self._overall = {"staleness_max": 0, "staleness_sum": 0.0, "reads": 0, "remote_reads": 0, "fetched_rows": 0}
         state = fit(FitState(), epochs=self.config.epochs, patience=self.config.patience, score_key="val_ap",
                     train_epoch=self._train_and_validate, log_epoch=self._log_epoch,
                     snapshot=lambda: (copy.deepcopy(self.model.state_dict()), self._memory_after_training))
         weights, memory = state.best_state
         self.model.load_state_dict(weights)
-        self.model.memory.state.load_state_dict(memory)
+        self.shard.load_state_dict(memory)
         best = dict(state.best)
         rng = self._seed_pass(best["epoch"])
         val = self.evaluate(np.flatnonzero(split.val), self._inductive, rng)
@@ -506,8 +513,10 @@ class TemporalLinkTrainer:
         overall = self._overall
         best.update(best_epoch=best["epoch"], epochs_run=len(state.history), seconds=time.perf_counter() - started,
                     history=state.history, staleness_max_run=overall["staleness_max"],
-                    staleness_mean_run=overall["staleness_sum"] / max(overall["remote_reads"], 1),
-                    remote_reads_run=overall["remote_reads"], parallelism=self.config.parallelism,
+                    staleness_mean_run=overall["staleness_sum"] / max(overall["reads"], 1),
+                    reads_run=overall["reads"], remote_reads_run=overall["remote_reads"],
+                    fetched_rows_run=overall["fetched_rows"], parallelism=self.config.parallelism,
+                    num_nodes=self.events.num_nodes, memory_rows_per_rank=self.comm.all_gather_counts(self.shard.rows),
                     peak_rss_mib_per_rank=[kib / 1024 for kib in self.comm.all_gather_counts(
                         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)])
         return best
