@@ -33,6 +33,8 @@ def _add_model_options(model: argparse._ArgumentGroup) -> None:
     model.add_argument("--aggregator", choices=("last", "mean"), default="last", help="how one batch's messages "
                        "to a node are combined")
     model.add_argument("--no-edge-features", action="store_true", help="ignore the events' feature columns")
+    model.add_argument("--init", choices=("xavier", "torch"), default="xavier", help="initial weights: as the "
+                       "reference TGN (xavier) or nn.Linear's default (torch, what runs before this option used)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,7 +195,7 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  memory_cache_rows=args.memory_cache_rows)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
-    tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout)
+    tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init)
     trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config,
                                   runtime=runtime, owner=owner)
     return trainer.fit()
