@@ -327,6 +327,7 @@ TEMPORAL_CASES = [
              "{d}/nope: folder: not found; pass the folder that holds wikipedia.csv", inputs=()),
     temporal("temporal-batch-size-0", ["--batch-size", "0"], "--batch-size must be >= 1, got 0 (default 200)"),
     temporal("temporal-staleness-neg", ["--staleness", "-1"], "--staleness must be >= 0, got -1"),
+    temporal("temporal-cache-rows-neg", ["--memory-cache-rows", "-5"], "--memory-cache-rows must be >= 0, got -5"),
     temporal("temporal-new-node-fraction", ["--new-node-fraction", "1.5"], "--new-node-fraction must be >= 0 and < 1"),
     temporal("temporal-heads-0", ["--heads", "0"], "--heads must be >= 1, got 0"),
 ]

@@ -95,8 +95,8 @@ def test_node_recipes_are_the_accuracy_table_recipes():
 
 
 @pytest.mark.parametrize("name, argv", [
-    ("wikipedia-tgn", "--dataset wikipedia --batch-size 20 --epochs 30 --patience 4"),
-    ("collegemsg-tgn", "--dataset collegemsg --batch-size 20 --epochs 20 --patience 4"),
+    ("wikipedia-tgn", "--dataset wikipedia --batch-size 20 --epochs 30 --patience 4 --neighbor-cutoff batch"),
+    ("collegemsg-tgn", "--dataset collegemsg --batch-size 20 --epochs 20 --patience 4 --neighbor-cutoff batch"),
 ])
 def test_temporal_recipes_are_the_readme_runs(name, argv):
     assert f"`python scripts/train_temporal.py {argv}`" in (ROOT / "README.md").read_text()
@@ -135,9 +135,11 @@ def test_temporal_distributed_options_in_one_process_are_warned_about(caplog):
 
 def test_sharding_options_with_memory_groups_are_warned_about(caplog):
     parser = temporal_cli.build_parser()
-    args = parser.parse_args(["--parallelism", "memory", "--staleness", "2", "--event-split", "owner"])
+    args = parser.parse_args(["--parallelism", "memory", "--staleness", "2", "--event-split", "owner",
+                              "--memory-cache-rows", "100"])
     with caplog.at_level(logging.WARNING, logger="gnnscale"):
-        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == ["--staleness", "--event-split"]
+        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == [
+            "--staleness", "--memory-cache-rows", "--event-split"]
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == [
-            "--staleness", "--event-split", "--parallelism"]
+            "--staleness", "--event-split", "--parallelism", "--memory-cache-rows"]
     assert caplog.messages[0] == "--staleness has no effect: each memory group reads its own whole memory exactly"

@@ -72,9 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "on several ranks one gradient sum per S batches")
     loader.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
     loader.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
-    loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="batch", help="a query's "
-                        "neighbours are events strictly before its batch's first event (batch) or, as "
-                        "TGN/TGL, strictly before its own event (event: its batch's earlier events too)")
+    loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="event", help="a query's "
+                        "neighbours are events strictly before its own event (event, as TGN/TGL: its batch's "
+                        "earlier events too) or strictly before its batch's first event (batch: the rule before "
+                        "this default, which needs small batches)")
     dist = add_section(parser, "distributed")
     dist.add_argument("--parallelism", choices=("sharded", "memory"), default="sharded", help="sharded: one node "
                       "memory owned by rank, every rank a share of each global batch; memory: every rank holds a "

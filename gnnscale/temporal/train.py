@@ -90,10 +90,10 @@ class TemporalTrainConfig:
     """Which rank computes an event of a global batch: ``owner`` of its source node, or ``balanced``:
     the source's owner up to an equal share of the batch per rank, the overflow to ranks with room
     (every step waits for the slowest rank, and bursts of one user's events are common)."""
-    neighbor_cutoff: str = "batch"
-    """Which past events a query's neighbours come from: those strictly before its ``batch``'s first
-    event time, or (TGN/TGL) those strictly before its own ``event``'s time, earlier events of its
-    own batch included."""
+    neighbor_cutoff: str = "event"
+    """Which past events a query's neighbours come from: (TGN/TGL) those strictly before its own
+    ``event``'s time, earlier events of its own batch included, or those strictly before its
+    ``batch``'s first event time (docs/temporal.md, "No leakage")."""
     sync_every: int = 1
     """Batches per optimizer step: gradients are accumulated over ``sync_every`` consecutive batches
     (the memory still advances every batch), so ranks sum gradients once per that many batches."""
