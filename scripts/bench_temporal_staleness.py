@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=200, help="global batch (events per step, all ranks)")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="event")
     parser.add_argument("--seeds", default="0", help="comma-separated; every configuration runs once per seed")
     parser.add_argument("--rank-args", default="", help="further train_temporal.py options for the multi-rank runs, "
                         "e.g. \"--memory-cache-rows 2000\"")
@@ -81,7 +82,8 @@ def run_one(args: argparse.Namespace, workdir: Path, ranks: int, k: int, seed: i
     """One training run at staleness bound ``k``."""
     name = (f"k{k}-{ranks}r" if ranks > 1 else "single") + (f"-seed{seed}" if seed else "")
     train = ["--dataset", args.dataset, "--no-edge-features", "--epochs", str(args.epochs), "--patience", "0",
-             "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed), "--staleness", str(k)]
+             "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed), "--staleness", str(k),
+             "--neighbor-cutoff", args.neighbor_cutoff]
     if args.data_dir is not None:
         train += ["--data-dir", str(args.data_dir)]
     if ranks > 1:
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             for ranks, k in configs:
                 groups[(ranks, k)].append({**run_one(args, workdir, ranks, k, seed), "seed": seed})
     result = {"dataset": args.dataset, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+              "neighbor_cutoff": args.neighbor_cutoff,
               "ranks": args.ranks, "seeds": seeds, "rank_args": args.rank_args,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores",
               "runs": [{k: v for k, v in row.items() if k != "args"} for rows in groups.values() for row in rows]}
