@@ -133,13 +133,14 @@ def test_temporal_distributed_options_in_one_process_are_warned_about(caplog):
     assert caplog.messages == ["--staleness has no effect: one process reads every node memory exactly"]
 
 
-def test_sharding_options_with_memory_groups_are_warned_about(caplog):
+@pytest.mark.parametrize("mode", ["memory", "epoch"])
+def test_sharding_options_with_a_whole_memory_per_rank_are_warned_about(caplog, mode):
     parser = temporal_cli.build_parser()
-    args = parser.parse_args(["--parallelism", "memory", "--staleness", "2", "--event-split", "owner",
+    args = parser.parse_args(["--parallelism", mode, "--staleness", "2", "--event-split", "owner",
                               "--memory-cache-rows", "100"])
     with caplog.at_level(logging.WARNING, logger="gnnscale"):
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == [
             "--staleness", "--memory-cache-rows", "--event-split"]
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == [
             "--staleness", "--event-split", "--parallelism", "--memory-cache-rows"]
-    assert caplog.messages[0] == "--staleness has no effect: each memory group reads its own whole memory exactly"
+    assert caplog.messages[0] == "--staleness has no effect: each rank reads its own whole memory exactly"

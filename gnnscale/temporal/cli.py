@@ -4,7 +4,9 @@
 scripts/train_temporal.py ... --staleness K`` trains on N ranks with the node memory sharded by
 owner (a METIS partition of the training interactions) and replicas at most K steps behind;
 ``--parallelism memory`` makes every rank a memory group with a whole memory and its own time
-segment of the training stream (DistTGL's memory parallelism).
+segment of the training stream (DistTGL's memory parallelism); ``--parallelism epoch`` gives every
+rank a whole memory and the whole stream, each rank a step behind the previous one with its own
+negatives (DistTGL's epoch parallelism).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def _add_model_options(model: argparse._ArgumentGroup) -> None:
     model.add_argument("--no-edge-features", action="store_true", help="ignore the events' feature columns")
     model.add_argument("--init", choices=("xavier", "torch"), default="xavier", help="initial weights: as the "
                        "reference TGN (xavier) or nn.Linear's default (torch, what runs before this option used)")
+    model.add_argument("--static-memory", action="store_true", help="add a learnable vector per node to the "
+                       "dynamic memory the embedding reads (DistTGL's static node memory; num_nodes x memory-dim "
+                       "more parameters, trained sparsely)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,10 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "neighbours are events strictly before its own event (event, as TGN/TGL: its batch's "
                         "earlier events too) or strictly before its batch's first event (batch: the rule before "
                         "this default, which needs small batches)")
+    loader.add_argument("--train-negatives", choices=("all", "train", "seen"), default="all", help="where training "
+                        "negatives come from: every destination of the stream (all), the training events' "
+                        "destinations (train, as the reference TGN), or those seen up to the batch (seen); "
+                        "evaluation draws from every destination")
     dist = add_section(parser, "distributed")
-    dist.add_argument("--parallelism", choices=("sharded", "memory"), default="sharded", help="sharded: one node "
-                      "memory owned by rank, every rank a share of each global batch; memory: every rank holds a "
-                      "whole memory and trains on its own time segment, gradients averaged each step (DistTGL)")
+    dist.add_argument("--parallelism", choices=("sharded", "memory", "epoch"), default="sharded", help="sharded: "
+                      "one node memory owned by rank, every rank a share of each global batch; memory: every rank "
+                      "holds a whole memory and trains on its own time segment, gradients averaged each step "
+                      "(DistTGL); epoch: every rank holds a whole memory and walks the whole stream, rank r r steps "
+                      "behind with its own negatives, so an epoch trains every event once per rank (DistTGL)")
     dist.add_argument("--staleness", type=int, default=0, metavar="K", help="sharded: the most global steps a "
                       "read of node memory may be behind other ranks' writes; 0 = synchronous, the single-process "
                       "semantics; K >= 1 sends the writes of every K steps in one exchange that runs while the "
@@ -103,7 +114,8 @@ def _one_process(args: argparse.Namespace, world_size: int) -> bool:
 
 
 def _memory_groups(args: argparse.Namespace, world_size: int) -> bool:
-    return world_size > 1 and args.parallelism == "memory"
+    """Every rank holds a whole memory: memory or epoch parallelism."""
+    return world_size > 1 and args.parallelism in ("memory", "epoch")
 
 
 NO_EFFECT = (
@@ -111,11 +123,11 @@ NO_EFFECT = (
     NoEffect("--partition-method", _one_process, "one process owns every node memory"),
     NoEffect("--event-split", _one_process, "one process computes every event"),
     NoEffect("--parallelism", _one_process, "one process is one memory group"),
-    NoEffect("--staleness", _memory_groups, "each memory group reads its own whole memory exactly"),
+    NoEffect("--staleness", _memory_groups, "each rank reads its own whole memory exactly"),
     NoEffect("--memory-cache-rows", _one_process, "one process holds every node memory"),
-    NoEffect("--memory-cache-rows", _memory_groups, "each memory group holds every node memory"),
-    NoEffect("--partition-method", _memory_groups, "each memory group holds every node memory"),
-    NoEffect("--event-split", _memory_groups, "each memory group computes all events of its batches"),
+    NoEffect("--memory-cache-rows", _memory_groups, "each rank holds every node memory"),
+    NoEffect("--partition-method", _memory_groups, "each rank holds every node memory"),
+    NoEffect("--event-split", _memory_groups, "each rank computes all events of its batches"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
     NoEffect("--num-nodes", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
     NoEffect("--num-events", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
@@ -157,7 +169,7 @@ def run(args: argparse.Namespace) -> dict:
         best = _train_distributed(args, events, split, env)
     out = args.out if args.out is not None else Path("runs") / (
         f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-" + (
-            "memory" if args.parallelism == "memory" else f"k{args.staleness}") if env.is_distributed else ""))
+            args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else ""))
     metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
                "parallelism": best["parallelism"] if env.is_distributed else "none",
                "neighbor_cutoff": args.neighbor_cutoff,
@@ -175,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
 
         write_json_atomic(out / "metrics.json", metrics)
         ranks = "" if not env.is_distributed else f" on {env.world_size} ranks" + (
-            " (memory groups)" if args.parallelism == "memory" else f" (K={args.staleness}: staleness max "
+            f" ({args.parallelism} parallelism)" if args.parallelism != "sharded" else f" (K={args.staleness}: staleness max "
             f"{metrics['staleness_max']}, mean {metrics['staleness_mean']:.3f})")
         print(f"{events.name} tgn{ranks}: test AP {metrics['test_ap']:.4f} (inductive "
               f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f};"
@@ -193,10 +205,11 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  device=args.device, staleness=args.staleness,
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
                                  parallelism=args.parallelism, sync_every=args.sync_every,
-                                 memory_cache_rows=args.memory_cache_rows)
+                                 memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
-    tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init)
+    tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init,
+                           static_memory=args.static_memory)
     trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config,
                                   runtime=runtime, owner=owner)
     return trainer.fit()
@@ -212,7 +225,7 @@ def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
     from gnnscale.temporal.sharded import partition_interactions
 
     with joined_job(env, args.device, args.failure_timeout) as runtime:
-        if args.parallelism == "memory":  # every group holds every node: no owners
+        if args.parallelism != "sharded":  # every rank holds every node: no owners
             return _train(args, events, split, runtime=runtime, owner=None)
         owner = torch.zeros(events.num_nodes, dtype=torch.int64)
         if env.rank == 0:

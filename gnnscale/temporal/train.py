@@ -25,6 +25,15 @@ starts mid-stream first replays the earlier segments through its memory alone (n
 gradients).  Evaluation continues from the memory of the group that has just trained on the last
 segment, which every rank receives and evaluates alike.
 
+With ``parallelism="epoch"`` (DistTGL's epoch parallelism) every rank also holds a whole memory, but
+all ranks walk the *whole* training stream, rank ``r`` lagging ``r`` steps behind rank 0 and drawing
+its own negatives, and the gradients of the R ranks' batches are averaged every step.  So in one
+pass every event is trained on R times, with R negative sets and R successive versions of the
+weights, for the time of one pass plus R - 1 steps and the gradient sums: what R epochs would
+teach, in about the time of one, if extra passes over the same positives are worth what
+sequential epochs are.  No memory rows travel: each rank's memory follows the stream alone.
+Evaluation continues from rank 0's memory, which every rank receives.
+
 Evaluation continues the stream from the memory reached at the end of training through the
 validation events (and on through the test events), over all events so far for neighbours, and
 reports for each split:
@@ -100,9 +109,15 @@ class TemporalTrainConfig:
     memory_cache_rows: int | None = None
     """Sharded: rows of each rank's memory table for nodes owned elsewhere, evicted least recently read
     first (``None``: a dense table of every node)."""
+    train_negatives: str = "all"
+    """Where training negatives come from: ``all`` destinations of the stream, the destinations of the
+    training events (``train``, the reference TGN's), or the training destinations ``seen`` up to the
+    end of the batch.  Evaluation always draws from every destination."""
     parallelism: str = "sharded"
     """Several ranks: ``sharded`` (one memory, owned by rank; every rank computes a share of each global
-    batch) or ``memory`` (each rank a memory group with a whole memory and its own time segment)."""
+    batch), ``memory`` (each rank a memory group with a whole memory and its own time segment) or
+    ``epoch`` (each rank a whole memory and the whole stream, rank ``r`` ``r`` steps behind, its own
+    negatives; an epoch trains every event once per rank)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
@@ -111,7 +126,8 @@ class TemporalTrainConfig:
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
-                              ("neighbor_cutoff", ("batch", "event")), ("parallelism", ("sharded", "memory"))):
+                              ("neighbor_cutoff", ("batch", "event")), ("train_negatives", ("all", "train", "seen")),
+                              ("parallelism", ("sharded", "memory", "epoch"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", "")):
@@ -151,14 +167,15 @@ class TemporalLinkTrainer:
     def __init__(self, events, split, *, memory_config: MemoryConfig, tgn_config: TGNConfig,
                  config: TemporalTrainConfig, runtime=None, owner: np.ndarray | None = None,
                  record: bool = False) -> None:
-        from samplers.temporal import RandomDestinationSampler, TemporalGraph, TemporalNeighborSampler
+        from samplers.temporal import (RandomDestinationSampler, SeenDestinationSampler, TemporalGraph,
+                                       TemporalNeighborSampler)
 
         self.events, self.split, self.config = events, split, config
         self.rank = 0 if runtime is None else runtime.rank
         self.world_size = 1 if runtime is None else runtime.world_size
         self.device = torch.device(config.device) if runtime is None else runtime.device
-        # Memory parallelism: every rank a group with a whole memory; the memory is then sharded over one rank.
-        self.groups = self.world_size if config.parallelism == "memory" else 1
+        # Memory and epoch parallelism: every rank holds a whole memory (a "group" of one rank), not sharded.
+        self.groups = self.world_size if config.parallelism in ("memory", "epoch") else 1
         shards = self.world_size // self.groups
         if owner is None or shards == 1:
             if shards > 1:
@@ -167,7 +184,12 @@ class TemporalLinkTrainer:
         with torch.random.fork_rng(devices=[]):  # seeded weights, the global generator untouched
             torch.manual_seed(config.seed)
             self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        if tgn_config.static_memory and config.memory_cache_rows is not None:
+            raise ValueError("static node memory is a table of every node on every rank, which a bounded "
+                             "memory table cannot shrink: drop static memory or memory_cache_rows")
+        self._static_weight = None if self.model.static is None else self.model.static.weight
+        # Adam, then SparseAdam for the static node memory's rows when the model has one.
+        self.optimizer, *self.sparse_optimizers = self.model.optimizers(config.lr)
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
         self.comm = Exchanger(None if runtime is None else runtime.sample_group, self.rank, self.world_size)
@@ -184,6 +206,8 @@ class TemporalLinkTrainer:
         self.full_sampler = TemporalNeighborSampler(self.full_graph, config.num_neighbors, config.sampling)
         self.train_event_ids = train
         self.negatives = RandomDestinationSampler(np.unique(events.dst))
+        self.train_negatives = {"all": self.negatives, "train": RandomDestinationSampler(events.dst[train]),
+                                "seen": SeenDestinationSampler(events.dst[train])}[config.train_negatives]
         # Negatives come from the `rng` every rank shares; neighbours ("uniform") from this rank's own.
         self.sample_rng = np.random.default_rng((config.seed, 0, self.rank))
         self.mrr_rng = np.random.default_rng((config.seed, 0, 3))
@@ -220,11 +244,13 @@ class TemporalLinkTrainer:
         return np.flatnonzero(self.event_ranks(batch) == self.shard.rank)
 
     def embed_batch(self, batch: np.ndarray, sampler, event_map: np.ndarray | None, rng: np.random.Generator,
-                    eval_negatives: int = 0, positions: np.ndarray | None = None) -> tuple[Tensor, MemoryView]:
+                    eval_negatives: int = 0, positions: np.ndarray | None = None,
+                    train: bool = False) -> tuple[Tensor, MemoryView]:
         """Embeddings of this rank's share of a global batch: its events' sources, destinations and
         ``1 + eval_negatives`` negatives per event (``[src; dst; negatives]``), with the memory they
         were computed from: ``(z, view)``.  ``positions``: this rank's share of the
-        batch, when the caller has it (:meth:`local_positions`).
+        batch, when the caller has it (:meth:`local_positions`); ``train``: the batch is a training
+        batch, whose negatives come from ``train_negatives``.
 
         Leakage-free: the memory has only the messages of earlier batches applied, and neighbours are
         drawn from events strictly before the batch's first event time (``neighbor_cutoff="batch"``: no
@@ -233,7 +259,12 @@ class TemporalLinkTrainer:
         has its positive's time).  Time encodings use each query's own time."""
         count = batch.size
         # Every rank draws the whole batch's negatives from the shared stream, and keeps its own events'.
-        negatives = self.negatives.sample(count, rng)
+        if not train or self.config.train_negatives == "all":
+            negatives = self.negatives.sample(count, rng)
+        elif self.config.train_negatives == "train":
+            negatives = self.train_negatives.sample(count, rng)
+        else:  # the training destinations up to the batch's last event
+            negatives = self.train_negatives.sample(count, rng, int(np.searchsorted(self.train_event_ids, batch[-1])) + 1)
         if eval_negatives:  # from their own stream, so a pass's AP does not depend on whether it ranks
             negatives = np.concatenate([negatives, self.negatives.sample(count * eval_negatives, self.mrr_rng)])
         positions = self.local_positions(batch) if positions is None else positions
@@ -264,7 +295,7 @@ class TemporalLinkTrainer:
         ranks = self.event_ranks(batch)
         positions = np.flatnonzero(ranks == self.shard.rank)
         n = positions.size
-        z, view = self.embed_batch(batch, sampler, event_map, rng, eval_negatives, positions)
+        z, view = self.embed_batch(batch, sampler, event_map, rng, eval_negatives, positions, train=train)
         z_src, z_dst, z_neg = z[:n], z[n:2 * n], z[2 * n:]
         # A sum over this rank's events divided by the global count: summed over ranks, the batch mean.
         loss, pos, neg = model.link_loss(z_src, z_dst, z_neg[:n], reduction="sum")
@@ -297,8 +328,9 @@ class TemporalLinkTrainer:
 
         def step() -> None:
             reduced()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            for optimizer in (self.optimizer, *self.sparse_optimizers):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
         return step
 
     def _reduce_gradients(self) -> Callable[[], None]:
@@ -308,9 +340,10 @@ class TemporalLinkTrainer:
         if self.world_size == 1:
             return lambda: None
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # One buffer: every gradient (zeros where missing), then one has-a-gradient flag per parameter.
+        # One buffer: every gradient (zeros where missing; a sparse one as dense rows: the static memory's,
+        # a table of all nodes), then one has-a-gradient flag per parameter.
         flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
-                          p.grad.reshape(-1) for p in params] +
+                          p.grad.to_dense().reshape(-1) if p.grad.is_sparse else p.grad.reshape(-1) for p in params] +
                          [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
                                        device=params[0].device)])
         summed = self.grad_comm.all_reduce_start(flat)
@@ -320,7 +353,8 @@ class TemporalLinkTrainer:
             offset = 0
             for p, flag in zip(params, total[-len(params):].cpu().tolist()):
                 size = p.numel()
-                p.grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # a fresh buffer each step
+                grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # a fresh buffer each step
+                p.grad = grad.to_sparse(sparse_dim=1) if grad is not None and p is self._static_weight else grad
                 offset += size
         return set_gradients
 
@@ -339,27 +373,32 @@ class TemporalLinkTrainer:
         rng = np.random.default_rng((self.config.seed, epoch) if group == 0 else (self.config.seed, epoch, 0, group))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
         batches = self._batches(self.train_event_ids)
-        if self.groups > 1:
+        if self.groups > 1 and self.config.parallelism == "memory":
             batches = self._enter_segment(batches, epoch)
         else:
             self.shard.reset()
+            if self.groups > 1:  # epoch parallelism: rank r r steps behind; None joins a step idle
+                batches = [None] * self.rank + batches + [None] * (self.groups - 1 - self.rank)
         losses = []
         event_map = self.train_event_ids  # the train graph numbers its events 0..len(train)-1
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in (self.optimizer, *self.sparse_optimizers):
+            optimizer.zero_grad(set_to_none=True)
         every = self.config.sync_every
         for i, batch in enumerate(batches):
             interrupt.check()
             sync = (i + 1) % every == 0 or i == len(batches) - 1
-            if batch is None:  # the last segment is short: this group only joins the step
+            if batch is None:  # a short last segment, or a lagging rank's edge: only join the step
                 self._start_step(None, sync=sync)()
                 continue
             losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True, sync=sync)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it
         # Sharded, a rank's losses sum over ranks to the batch means; memory groups' are batch means.
         total = self.comm.all_reduce(torch.tensor([float(sum(losses)), len(losses) / self.shard.world_size]))
-        if self.groups > 1:
+        if self.groups > 1 and self.config.parallelism == "memory":
             self._own_memory = self.model.memory.state.state_dict()
             self._share_memory((self.groups - epoch) % self.groups)
+        elif self.groups > 1:
+            self._share_memory(0)
         return float(total[0] / total[1])
 
     def _enter_segment(self, batches: list[np.ndarray], epoch: int) -> list[np.ndarray | None]:
@@ -479,7 +518,8 @@ class TemporalLinkTrainer:
         log.info("epoch %3d  loss %.4f  %.1fs  val AP %.4f (per batch %.4f, inductive %.4f)%s",
                  record["epoch"], record["loss"], record["train_seconds"], record["val_ap"],
                  record["val_ap_per_batch"], record["val_ap_inductive"],
-                 f"  {self.groups} memory groups" if self.groups > 1 else "" if self.world_size == 1
+                 f"  {self.groups} ranks, {self.config.parallelism} parallelism" if self.groups > 1
+                 else "" if self.world_size == 1
                  else f"  staleness max {record['staleness_max']} mean {record['staleness_mean']:.3f} "
                       f"(K={self.config.staleness}, {record['remote_read_fraction']:.0%} of reads remote)")
 
