@@ -258,6 +258,38 @@ class RandomDestinationSampler:
         return self.pool[rng.integers(0, self.pool.size, int(n))]
 
 
+class SeenDestinationSampler:
+    """Negative destinations drawn uniformly from the distinct destinations seen so far in a stream.
+
+    Args:
+        destinations: int64 [E] the destination of each event, in stream order.
+
+    ``sample(n, rng, upto)`` draws among the destinations of events ``0 .. upto - 1``: the nodes a
+    model has seen as destinations by then, so no negative is a node the stream has not reached
+    (whose memory is still empty, an easy negative that teaches nothing).  The distinct
+    destinations are kept in order of first appearance, so the pool of any prefix is a prefix of
+    that order and a draw costs one search.
+    """
+
+    def __init__(self, destinations: object) -> None:
+        stream = _as_ids("destinations", destinations)
+        if stream.size == 0:
+            raise ValueError("destinations is empty; give the destination of at least one event")
+        nodes, first = np.unique(stream, return_index=True)
+        order = np.argsort(first, kind="stable")
+        self.pool, self.first_seen = nodes[order], first[order]
+
+    def sample(self, n: int, rng: np.random.Generator, upto: int) -> np.ndarray:
+        """int64 [n] destinations, uniform over the distinct destinations of events before position
+        ``upto`` (at least 1), drawing from ``rng``."""
+        if int(n) < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if int(upto) < 1:
+            raise ValueError(f"upto must be >= 1 (at least one event seen), got {upto}")
+        count = int(np.searchsorted(self.first_seen, int(upto)))
+        return self.pool[rng.integers(0, count, int(n))]
+
+
 class HistoricalNegativeSampler:
     """Historical negative destinations (Poursafaei et al. 2022): nodes that *were* destinations before the batch.
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from samplers.temporal import (PAD_EVENT, HistoricalNegativeSampler, RandomDestinationSampler, TemporalGraph,
-                               TemporalNeighborSampler)
+from samplers.temporal import (PAD_EVENT, HistoricalNegativeSampler, RandomDestinationSampler, SeenDestinationSampler,
+                               TemporalGraph, TemporalNeighborSampler)
 
 
 def random_stream(rng: np.random.Generator, num_events: int, num_nodes: int, num_times: int):
@@ -290,3 +290,16 @@ def test_every_sampler_requires_a_generator():
         HistoricalNegativeSampler(src, dst, t).sample([0], [3.0], batch_dst=[2])
     with pytest.raises(TypeError, match="unexpected keyword argument 'seed'"):
         RandomDestinationSampler([1, 2], seed=0)
+
+
+def test_seen_destinations_are_drawn_from_the_prefix_only():
+    sampler = SeenDestinationSampler(np.array([7, 3, 7, 9, 3, 5]))
+    rng = np.random.default_rng(0)
+    assert set(sampler.sample(200, rng, 1).tolist()) == {7}
+    assert set(sampler.sample(200, rng, 3).tolist()) == {7, 3}
+    assert set(sampler.sample(400, rng, 6).tolist()) == {7, 3, 9, 5}
+    assert set(sampler.sample(400, rng, 100).tolist()) == {7, 3, 9, 5}  # past the end: every destination
+    with pytest.raises(ValueError, match="upto must be >= 1"):
+        sampler.sample(1, rng, 0)
+    with pytest.raises(ValueError, match="destinations is empty"):
+        SeenDestinationSampler([])
