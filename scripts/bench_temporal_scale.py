@@ -6,12 +6,16 @@
 For every seed it runs the README's Wikipedia recipe (``--batch-size 20 --epochs 30 --patience 4``)
 in one process, then under ``torchrun --standalone --nproc_per_node=RANKS`` once per mode (plus
 ``--rank-args``, if given, in the multi-rank runs only):
-``--parallelism memory`` (a whole node memory per rank, each on its own time segment) and
+``--parallelism memory`` (a whole node memory per rank, each on its own time segment),
 ``--parallelism sharded`` (one memory sharded by owner, replicas at most ``--staleness`` steps
-behind).  Every process runs with ``OMP_NUM_THREADS=1``.  From each run's ``metrics.json``:
+behind) and, when asked for, ``--parallelism epoch`` (a whole memory per rank, every rank the
+whole stream a step behind the previous one: its events/s count each event once per epoch
+although every rank trains on it, so its time to accuracy is the figure to compare).  Every process runs with ``OMP_NUM_THREADS=1``.  From each run's ``metrics.json``:
 training events per second (the median over its epochs; training only, evaluation excluded),
 test AP over all events and averaged per batch (TGN's), inductive test AP, the peak RSS of
-each rank, and the training seconds up to the best epoch (time to accuracy).  The table gives mean ± std over the seeds and, for each mode, the ratio of its
+each rank, the training seconds up to the best epoch, and the training seconds each run took to
+first reach the same seed's single-process best validation AP (time to accuracy; the ratio to the
+single process's own is printed under the table).  The table gives mean ± std over the seeds and, for each mode, the ratio of its
 events/s to the single process's and its AP change, against the target (>= ``--target-speedup``
 with |AP change| <= 0.005).  Writes ``runs/bench_temporal_scale.json`` and prints the table.
 """
@@ -43,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default="wikipedia", choices=("wikipedia", "collegemsg", "csv", "snap", "npz"))
     parser.add_argument("--data-dir", type=Path, default=None, help="passed on to train_temporal.py")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
-    parser.add_argument("--modes", default="memory,sharded", help="--parallelism values to run on RANKS ranks")
+    parser.add_argument("--modes", default="memory,sharded", help="--parallelism values to run on RANKS ranks "
+                        "(memory, sharded, epoch)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--staleness", type=int, default=2, help="K of the sharded mode")
     parser.add_argument("--batch-size", type=int, default=20, help="events per step (sharded: the global batch; "
@@ -130,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --seeds must be comma-separated integers, got {args.seeds!r}", file=sys.stderr)
         return 2
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not seeds or args.ranks < 2 or not set(modes) <= {"memory", "sharded"}:
-        print("error: --seeds needs at least one integer, --ranks >= 2, --modes memory and/or sharded",
+    if not seeds or args.ranks < 2 or not modes or not set(modes) <= {"memory", "sharded", "epoch"}:
+        print("error: --seeds needs at least one integer, --ranks >= 2, --modes some of memory, sharded, epoch",
               file=sys.stderr)
         return 2
     runs: dict[str, list[dict]] = {"single": [], **{f"{m}, {args.ranks} ranks": [] for m in modes}}
@@ -160,10 +165,38 @@ def main(argv: list[str] | None = None) -> int:
     return report(args, seeds, runs)
 
 
+def seconds_to_reach(run: dict, target: float) -> float | None:
+    """Training seconds until ``run`` first reached validation AP ``target`` (``None``: it never did)."""
+    spent = 0.0
+    for epoch in run["history"]:
+        spent += epoch["train_seconds"]
+        if epoch["val_ap"] >= target:
+            return spent
+    return None
+
+
+def time_to_accuracy(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per mode, per seed: training seconds to the same seed's single-process best validation AP, and
+    the ratio of their sum to the single process's (``None`` where a run never got there)."""
+    targets = [max(e["val_ap"] for e in r["history"]) for r in runs["single"]]
+    out = {}
+    for name, found in runs.items():
+        seconds = [seconds_to_reach(r, target) for r, target in zip(found, targets)]
+        out[name] = {"seconds": seconds, "ratio": None}
+    base = sum(out["single"]["seconds"])
+    for name, found in out.items():
+        if name != "single" and all(s is not None for s in found["seconds"]):
+            found["ratio"] = sum(found["seconds"]) / base
+    return out
+
+
 def report(args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict]]) -> int:
     """Summarise, judge, write the JSON and print the table."""
     configs = {name: summarise(found) for name, found in runs.items()}
     judged = verdicts(configs, args.target_speedup)
+    reach = time_to_accuracy(runs)
+    for name, verdict in judged.items():
+        verdict["seconds_to_single_best"], verdict["time_to_accuracy_ratio"] = reach[name]["seconds"], reach[name]["ratio"]
     result = {"dataset": args.dataset, "seeds": seeds, "batch_size": args.batch_size, "epochs": args.epochs,
               "patience": args.patience, "ranks": args.ranks, "staleness": args.staleness,
               "neighbor_cutoff": args.neighbor_cutoff, "rank_args": args.rank_args, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -171,6 +204,12 @@ def report(args: argparse.Namespace, seeds: list[int], runs: dict[str, list[dict
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(strict_json(result))
     print(table(configs, judged, args.target_speedup))
+    print(f"\nTraining seconds to the single process's best validation AP, per seed: single "
+          f"{[round(x) for x in reach['single']['seconds']]}")
+    for name, verdict in judged.items():
+        ratio = verdict["time_to_accuracy_ratio"]
+        print(f"  {name}: {[None if x is None else round(x) for x in verdict['seconds_to_single_best']]} "
+              f"({'never reached by some seed' if ratio is None else f'{ratio:.2f}x the single process'})")
     print(f"-> {args.out}")
     return 0
 

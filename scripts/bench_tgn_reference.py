@@ -13,7 +13,8 @@ One call of it fails on Python >= 3.11: ``random.sample`` of a set, which Python
 the run passes the set's elements as a tuple (what older Python did itself), by wrapping
 ``random.sample`` in the reference's process, nothing else.  Then our command runs the same epochs
 at batch 200 with ``--neighbor-cutoff event`` (TGN's rule), no edge features, our defaults
-otherwise.  Both run with ``--threads`` torch threads.
+otherwise, plus ``--our-args`` if given (e.g. ``"--train-negatives train"``).  Both run with
+``--threads`` torch threads.
 
 Compared: the training time of an epoch (training only, without validation: the reference's
 ``epoch_times``, our ``train_seconds``; the median over epochs) and, after each epoch, the
@@ -31,6 +32,7 @@ import json
 import os
 import pickle
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", default="wikipedia,collegemsg", help="comma-separated: wikipedia, collegemsg")
     parser.add_argument("--data-root", type=Path, default=ROOT.parent / "shared" / "datasets")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--our-args", default="", help="further train_temporal.py options for our side, e.g. "
+                        "\"--train-negatives train\"")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side")
     parser.add_argument("--timeout", type=float, default=3 * 3600.0, help="seconds allowed for each run")
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "tgn-reference",
@@ -132,7 +136,7 @@ def our_run(args: argparse.Namespace, name: str, folder: Path) -> dict:
     out = folder / "ours"
     cmd = [str(ROOT / "scripts" / "train_temporal.py"), "--dataset", name, "--data-dir", str(args.data_root / name),
            "--batch-size", "200", "--neighbor-cutoff", "event", "--no-edge-features", "--epochs", str(args.epochs),
-           "--patience", "0", "--out", str(out)]
+           "--patience", "0", "--out", str(out), *shlex.split(args.our_args)]
     wall = run(f"ours: {' '.join(cmd)}", [sys.executable, *cmd], folder / "ours.log", ROOT, args.threads, args.timeout)
     metrics = json.loads((out / "metrics.json").read_text())
     return {"epoch_seconds": [e["train_seconds"] for e in metrics["history"]],
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = found
         print(f"[bench] {name}: epoch ratio {found['comparison']['epoch_time_ratio']:.2f}, val AP gaps "
               f"{[round(g, 4) for g in found['comparison']['val_ap_gaps']]}", flush=True)
-    result = {"epochs": args.epochs, "threads": args.threads, "reference": str(args.reference),
+    result = {"epochs": args.epochs, "threads": args.threads, "our_args": args.our_args, "reference": str(args.reference),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "timed": "training only, per epoch",
               "datasets": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

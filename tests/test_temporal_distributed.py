@@ -38,7 +38,7 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
           neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
-          sync_every: int = 1, cache_rows: int | None = None):
+          sync_every: int = 1, cache_rows: int | None = None, static: bool = False):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
@@ -46,7 +46,8 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
     trainer = TemporalLinkTrainer(events, split, memory_config=MemoryConfig(memory_dim=16, time_dim=16),
                                   # nn.Linear's initial weights: the toy learns within 2 epochs from them
                                   # (the "memory groups learn" check), not from Xavier's, twice the scale.
-                                  tgn_config=TGNConfig(embedding_dim=16, heads=2, dropout=0.0, init="torch"),
+                                  tgn_config=TGNConfig(embedding_dim=16, heads=2, dropout=0.0, init="torch",
+                                                       static_memory=static),
                                   config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
@@ -96,19 +97,33 @@ def ranks_job(rank: int, method: str) -> dict:
                           "loss": metrics["loss"],
                           "best_epoch_val_ap": metrics["history"][metrics["best_epoch"] - 1]["val_ap"]}
         # Memory groups: weights held still (lr 1e-12), so each group's memory depends on the stream alone;
-        # then trained, with uniform neighbours (each group draws its own).
+        # then trained, with uniform neighbours (each group draws its own).  Epoch parallelism the same way.
         for key, lr, sampling, every in (("memory-still", 1e-12, "recent", 1), ("memory", 1e-3, "uniform", 1),
-                                         ("memory-sync3", 1e-3, "recent", 3)):
-            trainer = build(events, 0, runtime, parallelism="memory", lr=lr, sampling=sampling, sync_every=every)
+                                         ("memory-sync3", 1e-3, "recent", 3), ("epoch-still", 1e-12, "recent", 1),
+                                         ("epoch", 1e-3, "recent", 1), ("epoch-static", 1e-3, "recent", 2)):
+            trainer = build(events, 0, runtime, parallelism=key.split("-")[0], lr=lr, sampling=sampling,
+                            sync_every=every, static=key.endswith("static"))
+            batches = []
+            trainer._step = _recording(trainer._step, batches)
             steps = []
             trainer.optimizer.register_step_post_hook(lambda *_: steps.append(1))
             metrics = trainer.fit()
             results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics, "steps": len(steps),
+                            "batches": batches,
                             "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()}
         runtime.barrier()
     finally:
         runtime.close()
     return results
+
+
+def _recording(step, batches: list):
+    """``step`` (a trainer's ``_step``), noting the first event id of every training batch it computes."""
+    def recorded(batch, *args, train: bool, **kwargs):
+        if train:
+            batches.append(int(batch[0]))
+        return step(batch, *args, train=train, **kwargs)
+    return recorded
 
 
 @pytest.fixture(scope="module")
@@ -202,10 +217,42 @@ def test_sync_every_steps_once_per_s_batches_on_every_group(two_ranks):
 
 def test_one_memory_group_is_one_process():
     events = stream()
-    runs = [build(events, 0, parallelism=mode) for mode in ("sharded", "memory")]
-    sharded, memory = (trainer.fit() for trainer in runs)
-    np.testing.assert_array_equal(runs[0].model.memory.state.memory.numpy(), runs[1].model.memory.state.memory.numpy())
-    assert sharded["test_ap"] == memory["test_ap"] and sharded["loss"] == memory["loss"]
+    runs = [build(events, 0, parallelism=mode) for mode in ("sharded", "memory", "epoch")]
+    sharded, memory, epoch = (trainer.fit() for trainer in runs)
+    for other in runs[1:]:
+        np.testing.assert_array_equal(runs[0].model.memory.state.memory.numpy(), other.model.memory.state.memory.numpy())
+    assert sharded["test_ap"] == memory["test_ap"] == epoch["test_ap"]
+    assert sharded["loss"] == memory["loss"] == epoch["loss"]
+
+
+def test_epoch_parallel_ranks_each_walk_the_whole_stream_one_step_apart(two_ranks):
+    """14 training batches of 60: every rank trains on all 14 in order each epoch, rank 1 a step behind
+    rank 0 (15 steps an epoch, which both join: 30 optimizer steps); with weights held still every
+    rank's memory, and so evaluation, is the single process's; trained, the ranks agree on weights."""
+    single = build(stream(), 0)
+    starts = [int(batch[0]) for batch in single._batches(single.train_event_ids)]
+    for rank in range(2):
+        got = two_ranks[rank]["epoch"]
+        assert got["batches"] == starts * 2 and got["steps"] == 2 * 15 and got["parallelism"] == "epoch"
+    still = build(stream(), 0, lr=1e-12)
+    reference = still.fit()
+    for rank in range(2):
+        got = two_ranks[rank]["epoch-still"]
+        np.testing.assert_allclose(got["memory"], still.model.memory.state.memory.numpy(), atol=1e-6, rtol=0)
+        assert got["val_ap"] == pytest.approx(reference["val_ap"], abs=1e-6)
+    first, second = two_ranks[0]["epoch"], two_ranks[1]["epoch"]
+    np.testing.assert_array_equal(first["weights"], second["weights"])
+    assert first["test_ap"] == second["test_ap"] and first["remote_reads_run"] == 0
+    assert first["val_ap"] > two_ranks[0]["epoch-still"]["val_ap"] + 0.03  # training helped
+
+
+def test_static_memory_gradients_are_summed_over_ranks_as_sparse_rows(two_ranks):
+    """Epoch parallelism with static node memory and S = 2: the table's sparse gradients travel as dense
+    rows and come back sparse, so every rank's SparseAdam moves the same rows the same way."""
+    first, second = two_ranks[0]["epoch-static"], two_ranks[1]["epoch-static"]
+    np.testing.assert_array_equal(first["weights"], second["weights"])
+    assert first["weights"].size == two_ranks[0]["epoch"]["weights"].size + 120 * 16  # a row of 16 per node
+    assert np.count_nonzero(first["weights"][-120 * 16:]) > 0  # the static rows (the last parameter) trained
 
 
 def test_memory_groups_cover_the_stream_once_per_epoch_and_walk_it_in_order():
@@ -330,6 +377,11 @@ def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
     verdict = result["verdicts"]["memory, 2 ranks"]
     single = result["summary"]["single"]["train_events_per_second"]["mean"]
     assert verdict["speedup"] == pytest.approx(memory["train_events_per_second"] / single)
+    # Time to accuracy: the single run reaches its own best at its best epoch, after that many epochs' training.
+    (single_run,) = result["runs"]["single"]
+    assert result["summary"]["single"]["train_seconds_to_best"]["values"] == [pytest.approx(
+        sum(e["train_seconds"] for e in single_run["history"][:single_run["best_epoch"]]))]
+    assert len(verdict["seconds_to_single_best"]) == 1 and "training seconds to the single" in done.stdout.lower()
     # Seeds run apart are summarised together from their outputs, running nothing.
     again = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_scale.py"), "--from-json", str(out),
                             str(out), "--out", str(tmp_path / "both.json")], capture_output=True, text=True, timeout=60)
@@ -357,10 +409,10 @@ def test_bad_parallel_options_are_one_line_errors(tmp_path, capsys):
     assert main(["--dataset", "synthetic", "--sync-every", "0", "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --sync-every must be >= 1, got 0 (default 1)"]
     with pytest.raises(SystemExit) as stopped:  # argparse's choice check
-        main(["--dataset", "synthetic", "--parallelism", "epoch", "--out", str(tmp_path / "run")])
+        main(["--dataset", "synthetic", "--parallelism", "pipeline", "--out", str(tmp_path / "run")])
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "argument --parallelism: invalid choice: 'epoch'" in err[0]
+    assert len(err) == 1 and "argument --parallelism: invalid choice: 'pipeline'" in err[0]
     assert not (tmp_path / "run").exists()
 
 
@@ -400,8 +452,8 @@ def test_sharded_memory_and_config_errors():
         TemporalTrainConfig(staleness=-2)
     with pytest.raises(ValueError, match="unknown event_split 'random'; choose balanced or owner"):
         TemporalTrainConfig(event_split="random")
-    with pytest.raises(ValueError, match="unknown parallelism 'epoch'; choose sharded or memory"):
-        TemporalTrainConfig(parallelism="epoch")
+    with pytest.raises(ValueError, match="unknown parallelism 'pipeline'; choose sharded or memory or epoch"):
+        TemporalTrainConfig(parallelism="pipeline")
     with pytest.raises(ValueError, match="sync_every must be >= 1, got 0"):
         TemporalTrainConfig(sync_every=0)
     events = stream(num_events=200, num_nodes=30)
