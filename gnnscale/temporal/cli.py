@@ -42,6 +42,48 @@ def _add_model_options(model: argparse._ArgumentGroup) -> None:
                        "more parameters, trained sparsely)")
 
 
+def _add_loader_options(loader: argparse._ArgumentGroup) -> None:
+    """Batches, neighbours and negatives."""
+    loader.add_argument("--batch-size", type=int, default=200, help="consecutive events per step (on several "
+                        "ranks: the global batch). With --neighbor-cutoff batch a batch never sees its "
+                        "own events, so smaller batches see more recent history: 20 reached Wikipedia's AP "
+                        "targets here, with 10x the steps per epoch")
+    loader.add_argument("--sync-every", type=int, default=1, metavar="S", help="batches per optimizer step: "
+                        "gradients accumulate over S consecutive batches while the memory advances every batch; "
+                        "on several ranks one gradient sum per S batches")
+    loader.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
+    loader.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
+    loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="event", help="a query's "
+                        "neighbours are events strictly before its own event (event, as TGN/TGL: its batch's "
+                        "earlier events too) or strictly before its batch's first event (batch: the rule before "
+                        "this default, which needs small batches)")
+    loader.add_argument("--train-negatives", choices=("all", "train", "seen"), default="all", help="where training "
+                        "negatives come from: every destination of the stream (all), the training events' "
+                        "destinations (train, as the reference TGN), or those seen up to the batch (seen); "
+                        "evaluation draws from every destination")
+
+
+def _add_distributed_options(dist: argparse._ArgumentGroup) -> None:
+    """How several ranks share the memory and the stream."""
+    dist.add_argument("--parallelism", choices=("sharded", "memory", "epoch"), default="sharded", help="sharded: "
+                      "one node memory owned by rank, every rank a share of each global batch; memory: every rank "
+                      "holds a whole memory and trains on its own time segment, gradients averaged each step "
+                      "(DistTGL); epoch: every rank holds a whole memory and walks the whole stream, rank r r steps "
+                      "behind with its own negatives, so an epoch trains every event once per rank (DistTGL)")
+    dist.add_argument("--staleness", type=int, default=0, metavar="K", help="sharded: the most global steps a "
+                      "read of node memory may be behind other ranks' writes; 0 = synchronous, the single-process "
+                      "semantics; K >= 1 sends the writes of every K steps in one exchange that runs while the "
+                      "next step computes")
+    dist.add_argument("--memory-cache-rows", type=int, default=None, metavar="ROWS", help="sharded: each rank's "
+                      "memory table holds the nodes it owns plus ROWS others, least recently read evicted first, "
+                      "missing rows fetched from their owners (default: every node on every rank, nothing fetched)")
+    dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
+                      "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
+    dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
+                      "an event: the owner of its source (fewer remote reads), or that owner up to an equal share "
+                      "of each batch (no rank waits for a busier one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: the sections of :mod:`gnnscale.options` plus TGN's own options."""
     parser = Parser(
@@ -67,42 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     optimisation = add_section(parser, "optimisation", without=("--weight-decay", "--eval-every"), lr=5e-4)
     optimisation.add_argument("--eval-negatives", type=int, default=10, help="negative destinations per event "
                               "for MRR")
-    loader = parser.add_argument_group("loader")
-    loader.add_argument("--batch-size", type=int, default=200, help="consecutive events per step (on several "
-                        "ranks: the global batch). With --neighbor-cutoff batch a batch never sees its "
-                        "own events, so smaller batches see more recent history: 20 reached Wikipedia's AP "
-                        "targets here, with 10x the steps per epoch")
-    loader.add_argument("--sync-every", type=int, default=1, metavar="S", help="batches per optimizer step: "
-                        "gradients accumulate over S consecutive batches while the memory advances every batch; "
-                        "on several ranks one gradient sum per S batches")
-    loader.add_argument("--num-neighbors", type=int, default=10, help="past events each node attends over")
-    loader.add_argument("--sampling", choices=("recent", "uniform"), default="recent")
-    loader.add_argument("--neighbor-cutoff", choices=("batch", "event"), default="event", help="a query's "
-                        "neighbours are events strictly before its own event (event, as TGN/TGL: its batch's "
-                        "earlier events too) or strictly before its batch's first event (batch: the rule before "
-                        "this default, which needs small batches)")
-    loader.add_argument("--train-negatives", choices=("all", "train", "seen"), default="all", help="where training "
-                        "negatives come from: every destination of the stream (all), the training events' "
-                        "destinations (train, as the reference TGN), or those seen up to the batch (seen); "
-                        "evaluation draws from every destination")
-    dist = add_section(parser, "distributed")
-    dist.add_argument("--parallelism", choices=("sharded", "memory", "epoch"), default="sharded", help="sharded: "
-                      "one node memory owned by rank, every rank a share of each global batch; memory: every rank "
-                      "holds a whole memory and trains on its own time segment, gradients averaged each step "
-                      "(DistTGL); epoch: every rank holds a whole memory and walks the whole stream, rank r r steps "
-                      "behind with its own negatives, so an epoch trains every event once per rank (DistTGL)")
-    dist.add_argument("--staleness", type=int, default=0, metavar="K", help="sharded: the most global steps a "
-                      "read of node memory may be behind other ranks' writes; 0 = synchronous, the single-process "
-                      "semantics; K >= 1 sends the writes of every K steps in one exchange that runs while the "
-                      "next step computes")
-    dist.add_argument("--memory-cache-rows", type=int, default=None, metavar="ROWS", help="sharded: each rank's "
-                      "memory table holds the nodes it owns plus ROWS others, least recently read evicted first, "
-                      "missing rows fetched from their owners (default: every node on every rank, nothing fetched)")
-    dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
-                      "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
-    dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
-                      "an event: the owner of its source (fewer remote reads), or that owner up to an equal share "
-                      "of each batch (no rank waits for a busier one)")
+    _add_loader_options(parser.add_argument_group("loader"))
+    _add_distributed_options(add_section(parser, "distributed"))
     # The temporal trainer writes no checkpoints (yet): only the run folder applies.
     add_section(parser, "checkpoint", without=("--resume", "--checkpoint-every"))
     add_section(parser, "run")
