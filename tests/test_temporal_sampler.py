@@ -301,5 +301,7 @@ def test_seen_destinations_are_drawn_from_the_prefix_only():
     assert set(sampler.sample(400, rng, 100).tolist()) == {7, 3, 9, 5}  # past the end: every destination
     with pytest.raises(ValueError, match="upto must be >= 1"):
         sampler.sample(1, rng, 0)
+    with pytest.raises(ValueError, match="n must be >= 0, got -1"):
+        sampler.sample(-1, rng, 3)
     with pytest.raises(ValueError, match="destinations is empty"):
         SeenDestinationSampler([])

@@ -187,7 +187,6 @@ class TemporalLinkTrainer:
         if tgn_config.static_memory and config.memory_cache_rows is not None:
             raise ValueError("static node memory is a table of every node on every rank, which a bounded "
                              "memory table cannot shrink: drop static memory or memory_cache_rows")
-        self._static_weight = None if self.model.static is None else self.model.static.weight
         # Adam, then SparseAdam for the static node memory's rows when the model has one.
         self.optimizer, *self.sparse_optimizers = self.model.optimizers(config.lr)
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
@@ -206,8 +205,9 @@ class TemporalLinkTrainer:
         self.full_sampler = TemporalNeighborSampler(self.full_graph, config.num_neighbors, config.sampling)
         self.train_event_ids = train
         self.negatives = RandomDestinationSampler(np.unique(events.dst))
-        self.train_negatives = {"all": self.negatives, "train": RandomDestinationSampler(events.dst[train]),
-                                "seen": SeenDestinationSampler(events.dst[train])}[config.train_negatives]
+        self.train_negatives = self.negatives if config.train_negatives == "all" else \
+            RandomDestinationSampler(events.dst[train]) if config.train_negatives == "train" else \
+            SeenDestinationSampler(events.dst[train])
         # Negatives come from the `rng` every rank shares; neighbours ("uniform") from this rank's own.
         self.sample_rng = np.random.default_rng((config.seed, 0, self.rank))
         self.mrr_rng = np.random.default_rng((config.seed, 0, 3))
@@ -259,12 +259,10 @@ class TemporalLinkTrainer:
         has its positive's time).  Time encodings use each query's own time."""
         count = batch.size
         # Every rank draws the whole batch's negatives from the shared stream, and keeps its own events'.
-        if not train or self.config.train_negatives == "all":
-            negatives = self.negatives.sample(count, rng)
-        elif self.config.train_negatives == "train":
-            negatives = self.train_negatives.sample(count, rng)
-        else:  # the training destinations up to the batch's last event
+        if train and self.config.train_negatives == "seen":  # the training destinations up to the batch's end
             negatives = self.train_negatives.sample(count, rng, int(np.searchsorted(self.train_event_ids, batch[-1])) + 1)
+        else:
+            negatives = (self.train_negatives if train else self.negatives).sample(count, rng)
         if eval_negatives:  # from their own stream, so a pass's AP does not depend on whether it ranks
             negatives = np.concatenate([negatives, self.negatives.sample(count * eval_negatives, self.mrr_rng)])
         positions = self.local_positions(batch) if positions is None else positions
@@ -340,6 +338,7 @@ class TemporalLinkTrainer:
         if self.world_size == 1:
             return lambda: None
         params = [p for p in self.model.parameters() if p.requires_grad]
+        static = None if self.model.static is None else self.model.static.weight
         # One buffer: every gradient (zeros where missing; a sparse one as dense rows: the static memory's,
         # a table of all nodes), then one has-a-gradient flag per parameter.
         flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
@@ -354,7 +353,7 @@ class TemporalLinkTrainer:
             for p, flag in zip(params, total[-len(params):].cpu().tolist()):
                 size = p.numel()
                 grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # a fresh buffer each step
-                p.grad = grad.to_sparse(sparse_dim=1) if grad is not None and p is self._static_weight else grad
+                p.grad = grad.to_sparse(sparse_dim=1) if grad is not None and p is static else grad
                 offset += size
         return set_gradients
 
