@@ -130,6 +130,9 @@ def check_out(path: Path, flag: str = "--out") -> None:
                          f"choose a folder you can write to") from None
 
 
+WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
+"""``--wire-dtype`` choices: :data:`gnnscale.distributed.wire.WIRE_DTYPES`, without importing torch to parse."""
+
 PER_MODEL = frozenset({"lr"})
 """Destinations whose default each command sets for its model (through ``add_section(..., lr=...)``)."""
 

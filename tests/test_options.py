@@ -137,10 +137,13 @@ def test_temporal_distributed_options_in_one_process_are_warned_about(caplog):
 def test_sharding_options_with_a_whole_memory_per_rank_are_warned_about(caplog, mode):
     parser = temporal_cli.build_parser()
     args = parser.parse_args(["--parallelism", mode, "--staleness", "2", "--event-split", "owner",
-                              "--memory-cache-rows", "100"])
+                              "--memory-cache-rows", "100", "--wire-dtype", "int8"])
     with caplog.at_level(logging.WARNING, logger="gnnscale"):
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == [
-            "--staleness", "--memory-cache-rows", "--event-split"]
+            "--staleness", "--memory-cache-rows", "--event-split", "--wire-dtype"]
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == [
-            "--staleness", "--event-split", "--parallelism", "--memory-cache-rows"]
+            "--staleness", "--event-split", "--parallelism", "--memory-cache-rows", "--wire-dtype"]
     assert caplog.messages[0] == "--staleness has no effect: each rank reads its own whole memory exactly"
+    assert caplog.messages[3] == "--wire-dtype has no effect: each rank holds every node memory: no memory row " \
+        "crosses ranks"
+    assert caplog.messages[-1] == "--wire-dtype has no effect: a world of one sends no rows over a wire"

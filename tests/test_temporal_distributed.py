@@ -38,10 +38,11 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
           neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
-          sync_every: int = 1, cache_rows: int | None = None, static: bool = False):
+          sync_every: int = 1, cache_rows: int | None = None, static: bool = False, wire_dtype: str = "float32"):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
-    float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics."""
+    float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics.
+    A lossy ``wire_dtype`` encodes float32 rows: that model stays in float32."""
     split = chronological_split(events, seed=0)
     trainer = TemporalLinkTrainer(events, split, memory_config=MemoryConfig(memory_dim=16, time_dim=16),
                                   # nn.Linear's initial weights: the toy learns within 2 epochs from them
@@ -52,9 +53,10 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
                                                              parallelism=parallelism, sync_every=sync_every,
-                                                             memory_cache_rows=cache_rows),
+                                                             memory_cache_rows=cache_rows, wire_dtype=wire_dtype),
                                   runtime=runtime, owner=owner, record=record)
-    trainer.model.double()
+    if wire_dtype == "float32":
+        trainer.model.double()
     return trainer
 
 
@@ -111,10 +113,58 @@ def ranks_job(rank: int, method: str) -> dict:
             results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics, "steps": len(steps),
                             "batches": batches,
                             "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()}
+        # Float32 memory: exact rows, then int8 rows on the wire (K = 1).
+        for dtype in ("float32", "int8"):
+            trainer = build(events, 1, runtime, owner, wire_dtype=dtype)
+            if dtype == "float32":
+                trainer.model.float()
+            metrics = trainer.fit()
+            results[f"trained-{dtype}"] = {"test_ap": metrics["test_ap"], "val_ap": metrics["val_ap"],
+                                           "sent": [r["train_mib_sent"] for r in metrics["history"]]}
+        results["wire"] = {dtype: wire_rows(runtime, dtype) for dtype in ("float32", "float16", "bfloat16", "int8")}
         runtime.barrier()
     finally:
         runtime.close()
     return results
+
+
+WIRE_NODES, WIRE_DIM = 16, 6
+
+
+def wire_rows(runtime, dtype: str) -> dict:
+    """Rows through :class:`ShardedMemory` in wire dtype ``dtype``, two ways.  Dense (K = 0): one step whose
+    events 0 -> 4, 1 -> 5, 2 -> 6, 3 -> 7 are computed by ranks 0, 1, 0, 1 (the owners of those even and
+    odd nodes), each rank writing rows it drew itself, then flushed.  Bounded (a cache of 4 rows): the
+    same step with each rank reading only its own nodes, then a second step reading the other rank's
+    four: fetched whole (memory and the step's mail).  Returns each table's rows of nodes 0..7, the
+    rows this rank wrote, and the bytes it sent."""
+    from gnnscale.distributed.comm import Exchanger
+    from gnnscale.temporal.memory import MemoryView, TemporalMemory
+    from gnnscale.temporal.sharded import ShardedMemory, StepWrites
+
+    rank, out = runtime.rank, {}
+    nodes = torch.arange(8)
+    for name, cache in (("dense", None), ("bounded", 4)):
+        memory = TemporalMemory(WIRE_NODES, MemoryConfig(memory_dim=WIRE_DIM, time_dim=4))
+        shard = ShardedMemory(memory, torch.arange(WIRE_NODES) % 2, staleness=0, cache_rows=cache, wire_dtype=dtype,
+                              exchanger=Exchanger(runtime.sample_group, rank, runtime.world_size))
+        step = StepWrites(step=0, src=torch.arange(4), dst=torch.arange(4, 8), t=torch.arange(1.0, 5.0, dtype=torch.float64),
+                          e=None, ranks=torch.tensor([0, 1, 0, 1]))
+        ends = step.ends(rank)
+        shard.read(nodes if cache is None else ends)
+        # Rows of mixed scales (x 0.01 to 1000), and one exactly zero: what int8's per-row scale must carry.
+        sent = torch.randn(ends.numel(), WIRE_DIM, generator=torch.Generator().manual_seed(rank)) * \
+            torch.tensor([1e-2, 1.0, 1e3, 0.0])[:, None]
+        shard.write(step, MemoryView(ends, sent, torch.full((ends.numel(),), 10.5 + rank, dtype=torch.float64)))
+        shard.end_step()
+        if cache is not None:
+            shard.read(nodes[nodes % 2 != rank])
+        state = memory.state
+        rows = state.rows(nodes)
+        out[name] = {"sent": sent.numpy(), "bytes": shard.exchanger.stats.bytes_sent,
+                     **{field: getattr(state, field)[rows].numpy().copy()
+                        for field in ("memory", "last_update", "mail", "mail_time", "has_mail")}}
+    return out
 
 
 def _recording(step, batches: list):
@@ -312,6 +362,58 @@ def test_no_read_is_more_than_k_steps_behind_the_other_ranks_writes(two_ranks, k
     assert two_ranks[0][key]["staleness_mean"] == pytest.approx(ages.mean())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_memory_rows_cross_ranks_in_the_wire_dtype_within_its_bound(two_ranks, dtype):
+    """Flushed rows land on every rank, the writer's own table included, as the same decoded rows, each
+    within the codec's bound of what was written (float32: exactly); times exact; the bytes sent are
+    the codec's (4 rows of WIRE_DIM values plus an 8-byte time)."""
+    from gnnscale.distributed import wire
+
+    dense = [two_ranks[rank]["wire"][dtype]["dense"] for rank in range(2)]
+    np.testing.assert_array_equal(dense[0]["memory"], dense[1]["memory"])
+    for writer in range(2):
+        sent = torch.from_numpy(dense[writer]["sent"])
+        got = torch.from_numpy(dense[0]["memory"][writer::2])
+        assert bool(((got.double() - sent.double()).abs() <= wire.error_bound(dtype, sent)).all())
+        assert (dtype == "float32") == torch.equal(got, sent)  # a lossy code really encoded the rows
+        np.testing.assert_array_equal(dense[0]["last_update"][writer::2], 10.5 + writer)
+        assert dense[writer]["bytes"] == 4 * ({"float32": 4, "int8": 1}.get(dtype, 2) * WIRE_DIM +
+                                              (4 if dtype == "int8" else 0) + 8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_bounded_cache_fetches_memory_and_mail_in_the_wire_dtype(two_ranks, dtype):
+    """Each rank fetched the other's four nodes: memory and mail within the bound of the owner's rows,
+    times and the mail flag exact."""
+    from gnnscale.distributed import wire
+
+    bounded = [two_ranks[rank]["wire"][dtype]["bounded"] for rank in range(2)]
+    for reader in range(2):
+        owner = 1 - reader
+        for field in ("memory", "mail"):
+            held = torch.from_numpy(bounded[owner][field][owner::2])
+            got = torch.from_numpy(bounded[reader][field][owner::2])
+            assert bool(((got.double() - held.double()).abs() <= wire.error_bound(dtype, held)).all())
+        # The owner's memory rows are decoded int8 rows already, which encode again without loss; its mail,
+        # two such rows side by side at different scales, does not.
+        mail = [torch.from_numpy(bounded[rank]["mail"][owner::2]) for rank in (reader, owner)]
+        assert (dtype == "float32") == torch.equal(*mail)
+        for field in ("last_update", "mail_time", "has_mail"):
+            np.testing.assert_array_equal(bounded[reader][field][owner::2], bounded[owner][field][owner::2])
+        assert bounded[reader]["has_mail"][owner::2].all()
+
+
+def test_int8_memory_rows_train_on_fewer_bytes(two_ranks):
+    """A trained run (K = 1, float32 memory of 16 values) sends 16 + 4 + 8 instead of 64 + 8 bytes a row,
+    every epoch; the ranks agree, and the rounding reached the model.  (What it does to accuracy is
+    measured on real streams: scripts/bench_temporal_staleness.py --wire-dtypes.)"""
+    exact, int8 = two_ranks[0]["trained-float32"], two_ranks[0]["trained-int8"]
+    assert all(e > 0 for e in exact["sent"])
+    np.testing.assert_allclose(np.array(int8["sent"]) / np.array(exact["sent"]), 28 / 72, rtol=1e-12)
+    assert two_ranks[1]["trained-int8"]["test_ap"] == int8["test_ap"]
+    assert int8["test_ap"] != exact["test_ap"]
+
+
 def test_owners_are_a_metis_partition_of_the_interaction_graph():
     events = stream(num_events=3000, num_nodes=400)
     owner = partition_interactions(events.src, events.dst, events.num_nodes, 2, method="metis")
@@ -323,8 +425,10 @@ def test_owners_are_a_metis_partition_of_the_interaction_graph():
 
 
 def test_bench_and_command_line_on_two_ranks(tmp_path):
-    """``scripts/bench_temporal_staleness.py`` runs ``train_temporal.py`` under torchrun on 2 ranks for real."""
+    """``scripts/bench_temporal_staleness.py`` runs ``train_temporal.py`` under torchrun on 2 ranks for real,
+    with memory rows sent exactly and as int8."""
     import json
+    import re
     import subprocess
     import sys
     from pathlib import Path
@@ -336,11 +440,16 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
     done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_staleness.py"), "--dataset", "npz",
                            "--data-dir", str(tmp_path / "events.npz"), "--ks", "2", "--epochs", "1",
                            "--batch-size", "50", "--skip-single", "--workdir", str(tmp_path / "work"),
-                           "--rank-args", "--memory-cache-rows 200",
-                           "--out", str(out)], capture_output=True, text=True, timeout=240)
+                           "--rank-args", "--memory-cache-rows 200", "--wire-dtypes", "float32,int8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "| 2 ranks | 2 | 1 |" in done.stdout
-    (run,) = json.loads(out.read_text())["runs"]
+    assert "| 2 ranks | 2 | float32 | 1 |" in done.stdout and "| 2 ranks | 2 | int8 | 1 |" in done.stdout
+    run, int8 = json.loads(out.read_text())["runs"]
+    # int8 rows of 100 memory values: flushed 100 + 4 + 8 bytes instead of 408, fetched (memory and its
+    # 200-value mail) 104 + 204 + 24 instead of 1224.
+    ratio = float(re.search(r"K = 2, wire int8: ([0-9.]+)x float32's bytes", done.stdout).group(1))
+    assert int8["wire_dtype"] == "int8" and 0.27 <= ratio <= 0.28
+    assert ratio == pytest.approx(int8["train_mib_sent_per_epoch"] / run["train_mib_sent_per_epoch"], abs=1e-3)
     assert run["world_size"] == 2 and run["staleness"] == 2
     assert 0 <= run["staleness_max"] <= 2 and run["staleness_mean"] <= run["staleness_max"]
     assert 0.0 < run["remote_read_fraction"] < 1.0 and run["train_events_per_second"] > 0
@@ -456,6 +565,12 @@ def test_sharded_memory_and_config_errors():
         TemporalTrainConfig(parallelism="pipeline")
     with pytest.raises(ValueError, match="sync_every must be >= 1, got 0"):
         TemporalTrainConfig(sync_every=0)
+    with pytest.raises(ValueError, match="unknown wire_dtype 'int4'; choose float32 or float16 or bfloat16 or int8"):
+        TemporalTrainConfig(wire_dtype="int4")
+    with pytest.raises(ValueError, match="--wire-dtype must be one of float32, float16, bfloat16, int8, got 'fp8'"):
+        ShardedMemory(memory, torch.zeros(10, dtype=torch.int64), staleness=0, exchanger=one, wire_dtype="fp8")
+    with pytest.raises(TypeError, match="wire dtype int8 encodes float32 memory only, and this one is torch.float64"):
+        ShardedMemory(memory.double(), torch.zeros(10, dtype=torch.int64), staleness=0, exchanger=one, wire_dtype="int8")
     events = stream(num_events=200, num_nodes=30)
     with pytest.raises(ValueError, match="several ranks need an owner rank for every node"):
         TemporalLinkTrainer(events, chronological_split(events), memory_config=MemoryConfig(memory_dim=4, time_dim=4),

@@ -159,12 +159,37 @@ def test_dist_table_refuses_a_lossy_wire_for_non_float_rows() -> None:
     assert DistTable(ids, torch.tensor([0, 5]), Exchanger(None, 0, 1)).wire_dtype == "float32"
 
 
+@pytest.mark.parametrize("dtype", wire.WIRE_DTYPES)
+@pytest.mark.parametrize("k", [0, 1, 5])  # 0 and 1 rows: slices that are contiguous at odd offsets
+def test_bytes_of_rows_round_trip_from_a_wider_buffer(dtype: str, k: int) -> None:
+    """to_bytes/from_bytes: the rows come back within the bound from a column slice of a wider uint8
+    buffer (exact float64 bytes beside them), every row byte_width bytes."""
+    rows = torch.randn(k, 7, generator=torch.Generator().manual_seed(3)) * 50
+    times = torch.arange(float(k), dtype=torch.float64)
+    packed = torch.cat([wire.to_bytes(rows, dtype), times.reshape(-1, 1).view(torch.uint8)], 1)
+    width = wire.byte_width(dtype, 7)
+    assert packed.dtype == torch.uint8 and packed.shape == (k, width + 8) and width == wire.row_bytes(dtype, 7)
+    back = wire.from_bytes(packed[:, :width], dtype, 7)
+    assert back.dtype == torch.float32 and back.shape == (k, 7)
+    assert bool((rows_error(back, rows) <= wire.error_bound(dtype, rows)).all())
+    assert torch.equal(wire.bytes_as(packed[:, width:], torch.float64).reshape(-1), times)
+
+
+def test_float32_bytes_carry_any_float_dtype_exactly() -> None:
+    rows = torch.randn(4, 3, dtype=torch.float64) / 3
+    assert wire.byte_width("float32", 3, torch.float64) == 24
+    assert torch.equal(wire.from_bytes(wire.to_bytes(rows, "float32"), "float32", 3, torch.float64), rows)
+    with pytest.raises(TypeError, match=r"wire encoding takes float32 \[k, d\] rows, got torch.float64"):
+        wire.to_bytes(rows, "int8")
+
+
 # ---------------------------------------------------------------------- configuration and command line
 def test_cache_config_and_command_line_carry_the_wire_dtype() -> None:
+    from gnnscale import options
     from gnnscale.train import cli
     from gnnscale.train.trainer import CacheConfig
 
-    assert cli.WIRE_DTYPES == wire.WIRE_DTYPES
+    assert options.WIRE_DTYPES == wire.WIRE_DTYPES
     assert CacheConfig().wire_dtype == "float32"
     with pytest.raises(ValueError, match=r"--wire-dtype must be one of float32, float16, bfloat16, int8, got 'int4'"):
         CacheConfig(wire_dtype="int4")

@@ -115,6 +115,36 @@ def decode(payload: Tensor, dtype: str, d: int, out: Tensor | None = None) -> Te
     return torch.mul(quantised, scale, out=out)
 
 
+def to_bytes(rows: Tensor, dtype: str) -> Tensor:
+    """uint8 [k, b]: the payload of ``rows`` [k, d] as bytes, so that rows of several kinds (exact times
+    beside encoded values) share one buffer of one collective.  ``float32`` sends the rows' own bytes,
+    whatever their float dtype (float64 too), exactly; the lossy codes take float32 rows (:func:`encode`)."""
+    payload = rows if dtype == "float32" else encode(rows, dtype)
+    return payload.contiguous().view(torch.uint8)  # [k, d * element size]
+
+
+def from_bytes(payload: Tensor, dtype: str, d: int, like: torch.dtype = torch.float32) -> Tensor:
+    """The [k, d] rows of a :func:`to_bytes` payload (its columns may be a slice of a wider buffer):
+    ``float32`` gives them back in their own dtype ``like``, the lossy codes decode to float32."""
+    if dtype == "float32":
+        return bytes_as(payload, like)
+    return decode(payload if dtype == "int8" else bytes_as(payload, _CAST[dtype]), dtype, d)
+
+
+def bytes_as(payload: Tensor, dtype: torch.dtype) -> Tensor:
+    """uint8 [k, b] columns (any slice) as [k, b / size] values of ``dtype``, through fresh storage: a
+    slice starts at an offset that need not be a multiple of the size, and ``contiguous()`` would not
+    copy one that is contiguous already (a single row, or none)."""
+    return torch.empty(payload.shape, dtype=torch.uint8).copy_(payload).view(dtype)
+
+
+def byte_width(dtype: str, d: int, like: torch.dtype = torch.float32) -> int:
+    """Bytes of one :func:`to_bytes` row: :func:`row_bytes`, or ``d`` values of ``like`` for ``float32``."""
+    if dtype == "float32":
+        return d * torch.empty((), dtype=like).element_size()
+    return row_bytes(dtype, d)
+
+
 def error_bound(dtype: str, rows: Tensor) -> Tensor:
     """float64, ``rows``' shape: the bound on ``|decode(encode(rows)) - rows|`` of each element.
 

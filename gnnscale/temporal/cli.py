@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from gnnscale.options import NoEffect, Parser, add_section, run_command
+from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, run_command
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -79,6 +79,11 @@ def _add_distributed_options(dist: argparse._ArgumentGroup) -> None:
                       "missing rows fetched from their owners (default: every node on every rank, nothing fetched)")
     dist.add_argument("--partition-method", choices=("metis", "random"), default="metis", help="how node memory "
                       "is assigned to ranks: METIS on the training interactions (few remote reads) or random")
+    dist.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32", help="sharded: how memory rows "
+                      "(and a bounded cache's fetched memory and mail rows) cross ranks, d values a row: float32 "
+                      "exact (4d bytes); float16 (2d) within 2^-11 relative; bfloat16 (2d) within 2^-8 relative; "
+                      "int8 (d+4) within max|row|/254 absolute. Times travel exactly; messages are rebuilt from "
+                      "the rows on arrival, so they never travel")
     dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
                       "an event: the owner of its source (fewer remote reads), or that owner up to an equal share "
                       "of each batch (no rank waits for a busier one)")
@@ -136,6 +141,8 @@ NO_EFFECT = (
     NoEffect("--memory-cache-rows", _memory_groups, "each rank holds every node memory"),
     NoEffect("--partition-method", _memory_groups, "each rank holds every node memory"),
     NoEffect("--event-split", _memory_groups, "each rank computes all events of its batches"),
+    NoEffect("--wire-dtype", _one_process, "a world of one sends no rows over a wire"),
+    NoEffect("--wire-dtype", _memory_groups, "each rank holds every node memory: no memory row crosses ranks"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
     NoEffect("--num-nodes", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
     NoEffect("--num-events", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
@@ -177,13 +184,16 @@ def run(args: argparse.Namespace) -> dict:
         best = _train_distributed(args, events, split, env)
     out = args.out if args.out is not None else Path("runs") / (
         f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-" + (
-            args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else ""))
+            args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else "")
+        + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else ""))
     metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
                "parallelism": best["parallelism"] if env.is_distributed else "none",
                "neighbor_cutoff": args.neighbor_cutoff,
                **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
                "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
+               "wire_dtype": args.wire_dtype if env.is_distributed else "float32",
+               "train_mib_sent_per_epoch": statistics.median(r["train_mib_sent"] for r in best["history"]),
                "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
                "remote_read_fraction": best["remote_read_fraction"], "fetched_rows": best["fetched_rows_run"],
                "num_nodes": best["num_nodes"], "memory_rows_per_rank": best["memory_rows_per_rank"],
@@ -213,7 +223,8 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  device=args.device, staleness=args.staleness,
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
                                  parallelism=args.parallelism, sync_every=args.sync_every,
-                                 memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives)
+                                 memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives,
+                                 wire_dtype=args.wire_dtype)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init,

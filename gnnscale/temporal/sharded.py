@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.distributed import wire
 from gnnscale.distributed.comm import Exchanger, split_by_owner
 from gnnscale.temporal.memory import MemoryView, TemporalMemory, last_occurrence
 
@@ -133,10 +134,13 @@ class ShardedMemory:
         exchanger: collectives over the training group (every rank calls in the same order).
         cache_rows: rows for nodes owned elsewhere (``None``: a dense table of every node).
         record: keep every read and own write in :attr:`log` (tests check the bound against it).
+        wire_dtype: how memory and mail rows cross ranks (:mod:`gnnscale.distributed.wire`); times travel
+            exactly.  A lossy code's rows are decoded alike on every rank, the sender's own included, so
+            after a flush every rank holds the same row; until then a rank reads its own writes exactly.
     """
 
     def __init__(self, memory: TemporalMemory, owner: Tensor, *, staleness: int, exchanger: Exchanger,
-                 cache_rows: int | None = None, record: bool = False) -> None:
+                 cache_rows: int | None = None, record: bool = False, wire_dtype: str = "float32") -> None:
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0 global steps, got {staleness}")
         n = memory.state.num_nodes
@@ -147,6 +151,10 @@ class ShardedMemory:
                              f"[{int(owner.min())}, {int(owner.max())}]")
         if cache_rows is not None and cache_rows < 0:
             raise ValueError(f"cache_rows must be >= 0, got {cache_rows}")
+        if wire.check_wire_dtype(wire_dtype) != "float32" and memory.state.dtype != torch.float32:
+            raise TypeError(f"wire dtype {wire_dtype} encodes float32 memory only, and this one is "
+                            f"{memory.state.dtype}: give wire_dtype='float32'")
+        self.wire_dtype = wire_dtype
         self.memory, self.staleness, self.exchanger = memory, staleness, exchanger
         self.rank, self.world_size = exchanger.rank, exchanger.world_size
         self.owner = owner.to(torch.int64).cpu()
@@ -271,17 +279,29 @@ class ShardedMemory:
 
     def _unpack(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         d = self.memory.config.memory_dim
-        return rows[:, :d], rows[:, d:].contiguous().view(torch.float64).reshape(-1)
+        return rows[:, :d], wire.bytes_as(rows[:, d:].view(torch.uint8), torch.float64).reshape(-1)
+
+    def _to_wire(self, memory: Tensor, last_update: Tensor) -> Tensor:
+        """uint8 rows: ``memory`` in the wire dtype, then the float64 times' 8 bytes."""
+        return torch.cat([wire.to_bytes(memory, self.wire_dtype), last_update.reshape(-1, 1).view(torch.uint8)], 1)
+
+    def _from_wire(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """``(memory, last_update)`` of :meth:`_to_wire`'s rows, in the memory's dtype."""
+        d, dtype = self.memory.config.memory_dim, self.memory.state.dtype
+        width = wire.byte_width(self.wire_dtype, d, dtype)
+        memory = wire.from_bytes(rows[:, :width], self.wire_dtype, d, dtype)
+        return memory, wire.bytes_as(rows[:, width:], torch.float64).reshape(-1)
 
     def _start_flush(self) -> None:
         """Send the pending steps' rows to every rank, each rank's buffer as long as the longest."""
         steps = self._pending
         counts = torch.tensor([[step.ends(r).numel() for r in range(self.world_size)] for step in steps]).reshape(
             len(steps), self.world_size)
-        width = self.memory.config.memory_dim + 8 // self.memory.state.memory.element_size()
-        buffer = torch.zeros(int(counts.sum(0).max()), width, dtype=self.memory.state.memory.dtype)
-        own = torch.cat([step.rows for step in steps]) if steps else buffer[:0]
-        buffer[:own.shape[0]] = own
+        width = wire.byte_width(self.wire_dtype, self.memory.config.memory_dim, self.memory.state.dtype) + 8
+        buffer = torch.zeros(int(counts.sum(0).max()), width, dtype=torch.uint8)
+        if steps:
+            own = self._unpack(torch.cat([step.rows for step in steps]))
+            buffer[:own[0].shape[0]] = self._to_wire(*own)
         self._in_flight = (len(steps), counts, self.exchanger.all_gather_start(buffer))
 
     def _finish_flush(self) -> None:
@@ -316,7 +336,7 @@ class ShardedMemory:
         (a node persisted by several ranks keeps the last rank's), then the aggregated messages."""
         device = self.memory.state.memory.device
         ends = [step.ends(r) for r in range(self.world_size)]
-        unpacked = [self._unpack(r) for r in rows]
+        unpacked = [self._from_wire(r) for r in rows]
         nodes = torch.cat(ends)
         memory = torch.cat([m for m, _ in unpacked]).to(device)
         last_update = torch.cat([t for _, t in unpacked]).to(device)
@@ -380,21 +400,24 @@ class ShardedMemory:
     _TIMES = ("last_update", "mail_time")
 
     def _pack_state(self, nodes: Tensor) -> Tensor:
-        """Whole rows of held ``nodes`` in the memory's dtype: memory, mail, then the float64 times and
-        the mail flag bit-exact."""
+        """Whole rows of held ``nodes`` as uint8: memory and mail in the wire dtype, then the float64
+        times and the mail flag bit-exact."""
         state = self.memory.state
         rows = state.rows(nodes.to(state.device))
         exact = torch.stack([state.last_update[rows], state.mail_time[rows], state.has_mail[rows].to(torch.float64)], 1)
-        exact = exact.cpu().contiguous().view(state.memory.dtype).reshape(rows.numel(), 24 // state.memory.element_size())
-        return torch.cat([state.memory[rows].cpu(), state.mail[rows].cpu(), exact], 1)
+        return torch.cat([wire.to_bytes(state.memory[rows].cpu(), self.wire_dtype),
+                          wire.to_bytes(state.mail[rows].cpu(), self.wire_dtype), exact.cpu().view(torch.uint8)], 1)
 
     def _unpack_state(self, nodes: Tensor, packed: Tensor) -> None:
         state = self.memory.state
         rows = state.rows(nodes.to(state.device))
         d, m = state.memory.shape[1], state.mail.shape[1]
-        exact = packed[:, d + m:].contiguous().view(torch.float64).reshape(-1, 3).to(state.device)
-        state.memory[rows] = packed[:, :d].to(state.device)
-        state.mail[rows] = packed[:, d:d + m].to(state.device)
+        wd, dtype = self.wire_dtype, state.dtype
+        a = wire.byte_width(wd, d, dtype)
+        b = a + wire.byte_width(wd, m, dtype)
+        exact = wire.bytes_as(packed[:, b:], torch.float64).to(state.device)
+        state.memory[rows] = wire.from_bytes(packed[:, :a], wd, d, dtype).to(state.device)
+        state.mail[rows] = wire.from_bytes(packed[:, a:b], wd, m, dtype).to(state.device)
         state.last_update[rows], state.mail_time[rows] = exact[:, 0], exact[:, 1]
         state.has_mail[rows] = exact[:, 2] > 0.5
 

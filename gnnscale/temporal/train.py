@@ -62,6 +62,7 @@ from torch import Tensor
 
 from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
+from gnnscale.distributed.wire import WIRE_DTYPES
 from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
 from gnnscale.temporal.memory import MemoryConfig, MemoryView
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats, StepWrites
@@ -118,6 +119,10 @@ class TemporalTrainConfig:
     batch), ``memory`` (each rank a memory group with a whole memory and its own time segment) or
     ``epoch`` (each rank a whole memory and the whole stream, rank ``r`` ``r`` steps behind, its own
     negatives; an epoch trains every event once per rank)."""
+    wire_dtype: str = "float32"
+    """Sharded: how memory rows (and a bounded cache's fetched memory and mail rows) cross ranks:
+    ``float32`` exactly, or ``float16``/``bfloat16``/``int8`` within the bounds of
+    :mod:`gnnscale.distributed.wire`; times always travel exactly."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
@@ -127,7 +132,7 @@ class TemporalTrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
                               ("neighbor_cutoff", ("batch", "event")), ("train_negatives", ("all", "train", "seen")),
-                              ("parallelism", ("sharded", "memory", "epoch"))):
+                              ("parallelism", ("sharded", "memory", "epoch")), ("wire_dtype", WIRE_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", "")):
@@ -194,6 +199,7 @@ class TemporalLinkTrainer:
         self.comm = Exchanger(None if runtime is None else runtime.sample_group, self.rank, self.world_size)
         self.shard = ShardedMemory(self.model.memory, torch.from_numpy(np.asarray(owner, dtype=np.int64)),
                                    staleness=config.staleness, record=record, cache_rows=config.memory_cache_rows,
+                                   wire_dtype=config.wire_dtype,
                                    exchanger=self.comm if shards > 1 else Exchanger(None, 0, 1))
         # Who computes each event: the owner of its source, balanced per batch (see split_events).
         self.event_owner = np.asarray(owner)[events.src]
@@ -494,14 +500,16 @@ class TemporalLinkTrainer:
 
     def _train_and_validate(self, epoch: int) -> dict:
         """Epoch ``epoch``'s training pass, then its validation pass (AP only): the epoch's record."""
+        self.comm.stats.reset()
         start = time.perf_counter()
         loss = self.train_epoch(epoch)
         train_seconds = time.perf_counter() - start
+        sent = sum(self.comm.all_gather_counts(self.comm.stats.bytes_sent))  # memory rows, every rank
         self._memory_after_training = self.shard.state_dict()
         val = self.evaluate(np.flatnonzero(self.split.val), self._inductive, self._seed_pass(epoch), ranking=False)
         return {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
                 "train_events_per_second": self.train_event_ids.size / train_seconds,
-                "eval_seconds": time.perf_counter() - start - train_seconds,
+                "eval_seconds": time.perf_counter() - start - train_seconds, "train_mib_sent": sent / 2**20,
                 **{f"val_{k}": v for k, v in val.items()}, **self._read_staleness()}
 
     def _read_staleness(self) -> dict:

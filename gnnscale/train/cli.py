@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
-from gnnscale.options import NoEffect, Parser, add_section, run_command
+from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, run_command
 
 DEFAULT_FANOUTS = (15, 10, 5)
-WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
-"""``--wire-dtype`` choices: :data:`gnnscale.distributed.wire.WIRE_DTYPES`, without importing torch to parse."""
 
 log = logging.getLogger("gnnscale.train")
 
