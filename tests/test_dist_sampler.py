@@ -303,3 +303,24 @@ def test_run_ranks_kills_a_hung_rank() -> None:
 def test_run_ranks_rejects_an_empty_world() -> None:
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
         run_ranks(return_rank_or_fail, 0, -1)
+
+
+def test_collective_tensors_outlive_their_exchanger_until_released() -> None:
+    """The tensors of a collective stay referenced after the Exchanger that sent them is freed (a trainer
+    gone before the job is left): a gloo thread must never drop the last reference while the process
+    group is being destroyed (a deadlock on the GIL); ``release_kept`` lets go after the destroy."""
+    import gc
+    import weakref
+
+    from gnnscale.distributed import comm
+
+    exchanger = comm.Exchanger(None, 0, 1)
+    sent = torch.arange(4)
+    exchanger._keep(sent)
+    alive = weakref.ref(sent)
+    del exchanger, sent
+    gc.collect()
+    assert alive() is not None
+    comm.release_kept()
+    gc.collect()
+    assert alive() is None

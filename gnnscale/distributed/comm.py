@@ -13,6 +13,27 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+# The tensors of the last few collectives, for the whole process.  A gloo worker thread can drop its
+# reference to a finished collective's tensors after the caller has moved on (a later barrier holds
+# the work of a collective that had finished but not yet left gloo's in-progress list); were that
+# the last reference, the thread would need the GIL to free them -- and if the process group is
+# being destroyed right then, its destructor holds the GIL while joining that very thread: a
+# deadlock (seen in torch 2.2.1 at the end of runs).  Holding the tensors here keeps the last
+# reference ours, also after the Exchanger that sent them is gone (a trainer freed before the job
+# is left); :func:`release_kept` lets go once the groups are destroyed.
+_KEPT: collections.deque[Tensor] = collections.deque(maxlen=64)
+
+
+def keep(*tensors: Tensor) -> None:
+    """Hold ``tensors`` (of a collective) until 64 later ones or :func:`release_kept`."""
+    _KEPT.extend(tensors)
+
+
+def release_kept() -> None:
+    """Let go of the kept tensors (after ``destroy_process_group``: no gloo thread is left to free them)."""
+    _KEPT.clear()
+
+
 @dataclass
 class CommStats:
     """What this rank sent and received, and the wall seconds it spent in exchanges (waiting on its
@@ -39,16 +60,10 @@ class Exchanger:
     def __init__(self, group: dist.ProcessGroup | None, rank: int, world_size: int) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
         self.stats = CommStats()
-        # The tensors of the last few collectives.  A gloo worker thread drops its reference to a
-        # finished collective's tensors after the caller has moved on; were that the last one, it
-        # would need the GIL to free them -- and if the process group is being destroyed right then,
-        # its destructor holds the GIL while joining that very thread: a deadlock (seen in torch
-        # 2.2.1 at the end of a run).  Holding the tensors here keeps the last reference ours.
-        # Declared after ``group``, so an Exchanger being freed lets go of its group first.
-        self._recent: collections.deque[Tensor] = collections.deque(maxlen=64)
 
-    def _keep(self, *tensors: Tensor) -> None:
-        self._recent.extend(tensors)
+    @staticmethod
+    def _keep(*tensors: Tensor) -> None:
+        keep(*tensors)
 
     def exchange(self, chunks: list[Tensor], out: Tensor | None = None,
                  recv_sizes: list[int] | None = None) -> list[Tensor]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gnnscale.distributed.comm import release_kept
+
 log = logging.getLogger("gnnscale.distributed")
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -113,6 +115,7 @@ class Runtime:
         and a peer still tearing down would hang on it."""
         if dist.is_initialized():
             dist.destroy_process_group()
+            release_kept()
         store, self.group, self.sample_group, self.store = self.store, None, None, None
         if store is None:
             return
