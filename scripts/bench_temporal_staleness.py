@@ -10,6 +10,7 @@ For every K the same command runs under ``torchrun --standalone --nproc_per_node
 single-process run of the same recipe as the reference.  Every process runs with
 ``OMP_NUM_THREADS=1``.  Figures come from each run's ``metrics.json``: test AP (transductive and
 inductive) of the best epoch, training throughput (events per second, the median over epochs),
+the memory rows sent per training pass (all ranks) beside the payload of one rank's gradient sums,
 and the maximum and mean staleness of the remote reads, in global steps, as measured by the
 ranks (:mod:`gnnscale.temporal.sharded`).  With several ``--seeds`` every configuration runs once
 per seed and the table gives mean ± std over them, and each K's throughput against K = 0's
@@ -119,8 +120,8 @@ def _mean(rows: list[dict], key: str) -> float:
 def table(groups: dict[tuple[int, int, str], list[dict]]) -> str:
     """One line per configuration (1 process, or K and wire dtype on several ranks), mean ± std over its seeds."""
     lines = ["| run | K | wire | seeds | test AP | inductive AP | test MRR | train events/s | x K = 0 | MiB sent / epoch "
-             "| staleness max | staleness mean | stale share of reads | remote share of reads |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| gradient MiB / epoch | staleness max | staleness mean | stale share of reads | remote share of reads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     first_wire = next((wire for ranks, _, wire in groups if ranks > 1), "float32")
     k0 = groups.get((max(ranks for ranks, _, _ in groups), 0, first_wire))
     for (ranks, k, wire), rows in groups.items():
@@ -133,6 +134,7 @@ def table(groups: dict[tuple[int, int, str], list[dict]]) -> str:
             f"| {mean_std([r['test_ap_inductive'] for r in rows], 4)} "
             f"| {mean_std([r['test_mrr'] for r in rows], 4)} | {mean_std(speed, 0)} | {ratio} "
             f"| {mean_std([r['train_mib_sent_per_epoch'] for r in rows], 1) if many else '-'} "
+            f"| {mean_std([r['train_grad_mib_reduced_per_epoch'] for r in rows], 1) if many else '-'} "
             f"| {max(r['staleness_max'] for r in rows)} | {mean_std([r['staleness_mean'] for r in rows], 3)} "
             f"| {mean_std([r['history'][-1]['stale_read_fraction'] for r in rows], 3) if many else '-'} "
             f"| {mean_std([r['remote_read_fraction'] for r in rows], 3) if many else '-'} |")

@@ -119,8 +119,12 @@ def ranks_job(rank: int, method: str) -> dict:
             if dtype == "float32":
                 trainer.model.float()
             metrics = trainer.fit()
+            params = [p for p in trainer.model.parameters() if p.requires_grad]
             results[f"trained-{dtype}"] = {"test_ap": metrics["test_ap"], "val_ap": metrics["val_ap"],
-                                           "sent": [r["train_mib_sent"] for r in metrics["history"]]}
+                                           "sent": [r["train_mib_sent"] for r in metrics["history"]],
+                                           "grad": [r["train_grad_mib_reduced"] for r in metrics["history"]],
+                                           "grad_floats": sum(p.numel() for p in params) + len(params),
+                                           "steps": len(trainer._batches(trainer.train_event_ids))}
         results["wire"] = {dtype: wire_rows(runtime, dtype) for dtype in ("float32", "float16", "bfloat16", "int8")}
         runtime.barrier()
     finally:
@@ -412,6 +416,9 @@ def test_int8_memory_rows_train_on_fewer_bytes(two_ranks):
     np.testing.assert_allclose(np.array(int8["sent"]) / np.array(exact["sent"]), 28 / 72, rtol=1e-12)
     assert two_ranks[1]["trained-int8"]["test_ap"] == int8["test_ap"]
     assert int8["test_ap"] != exact["test_ap"]
+    # Every step sums every float32 gradient and one flag per parameter.
+    for run in (exact, int8):
+        assert run["grad"] == [run["steps"] * run["grad_floats"] * 4 / 2**20] * 2
 
 
 def test_owners_are_a_metis_partition_of_the_interaction_graph():

@@ -43,9 +43,12 @@ class CommStats:
     bytes_received: int = 0
     exchanges: int = 0
     seconds: float = 0.0
+    reduced_bytes: int = 0
+    """The payload of the asynchronous all-reduces started here (gradients).  What crosses the wire
+    depends on gloo's algorithm: a ring sends ``2 (R - 1) / R`` of it per rank."""
 
     def reset(self) -> None:
-        self.bytes_sent = self.bytes_received = self.exchanges = 0
+        self.bytes_sent = self.bytes_received = self.exchanges = self.reduced_bytes = 0
         self.seconds = 0.0
 
 
@@ -127,6 +130,7 @@ class Exchanger:
         (at once in a world of one).  The caller works on meanwhile, without touching ``values``."""
         if self.group is None:
             return lambda: values
+        self.stats.reduced_bytes += values.numel() * values.element_size()
         work = dist.all_reduce(values, group=self.group, async_op=True)
         self._keep(values)
 

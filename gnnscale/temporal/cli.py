@@ -194,6 +194,7 @@ def run(args: argparse.Namespace) -> dict:
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
                "wire_dtype": args.wire_dtype if env.is_distributed else "float32",
                "train_mib_sent_per_epoch": statistics.median(r["train_mib_sent"] for r in best["history"]),
+               "train_grad_mib_reduced_per_epoch": statistics.median(r["train_grad_mib_reduced"] for r in best["history"]),
                "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
                "remote_read_fraction": best["remote_read_fraction"], "fetched_rows": best["fetched_rows_run"],
                "num_nodes": best["num_nodes"], "memory_rows_per_rank": best["memory_rows_per_rank"],

@@ -501,6 +501,7 @@ class TemporalLinkTrainer:
     def _train_and_validate(self, epoch: int) -> dict:
         """Epoch ``epoch``'s training pass, then its validation pass (AP only): the epoch's record."""
         self.comm.stats.reset()
+        self.grad_comm.stats.reset()
         start = time.perf_counter()
         loss = self.train_epoch(epoch)
         train_seconds = time.perf_counter() - start
@@ -510,6 +511,7 @@ class TemporalLinkTrainer:
         return {"epoch": epoch, "loss": loss, "train_seconds": train_seconds,
                 "train_events_per_second": self.train_event_ids.size / train_seconds,
                 "eval_seconds": time.perf_counter() - start - train_seconds, "train_mib_sent": sent / 2**20,
+                "train_grad_mib_reduced": self.grad_comm.stats.reduced_bytes / 2**20,
                 **{f"val_{k}": v for k, v in val.items()}, **self._read_staleness()}
 
     def _read_staleness(self) -> dict:
