@@ -126,11 +126,13 @@ def test_node_options_without_effect_are_warned_about_once(argv, world_size, war
 
 def test_temporal_distributed_options_in_one_process_are_warned_about(caplog):
     parser = temporal_cli.build_parser()
-    args = parse_with_recipe(parser, ["--config", str(RECIPES / "wikipedia-tgn.toml"), "--staleness", "2"])
+    args = parse_with_recipe(parser, ["--config", str(RECIPES / "wikipedia-tgn.toml"), "--staleness", "2",
+                                      "--grad-dtype", "bfloat16"])
     with caplog.at_level(logging.WARNING, logger="gnnscale"):
-        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == ["--staleness"]
+        assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=1) == ["--staleness", "--grad-dtype"]
         assert warn_no_effect(parser, args, temporal_cli.NO_EFFECT, world_size=2) == []
-    assert caplog.messages == ["--staleness has no effect: one process reads every node memory exactly"]
+    assert caplog.messages == ["--staleness has no effect: one process reads every node memory exactly",
+                               "--grad-dtype has no effect: a world of one sums no gradients"]
 
 
 @pytest.mark.parametrize("mode", ["memory", "epoch"])

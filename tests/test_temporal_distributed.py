@@ -38,7 +38,8 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
           neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
-          sync_every: int = 1, cache_rows: int | None = None, static: bool = False, wire_dtype: str = "float32"):
+          sync_every: int = 1, cache_rows: int | None = None, static: bool = False, wire_dtype: str = "float32",
+          grad_dtype: str = "float32"):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics.
@@ -53,7 +54,8 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
                                                              parallelism=parallelism, sync_every=sync_every,
-                                                             memory_cache_rows=cache_rows, wire_dtype=wire_dtype),
+                                                             memory_cache_rows=cache_rows, wire_dtype=wire_dtype,
+                                                             grad_dtype=grad_dtype),
                                   runtime=runtime, owner=owner, record=record)
     if wire_dtype == "float32":
         trainer.model.double()
@@ -126,6 +128,8 @@ def ranks_job(rank: int, method: str) -> dict:
                                            "grad_floats": sum(p.numel() for p in params) + len(params),
                                            "steps": len(trainer._batches(trainer.train_event_ids))}
         results["wire"] = {dtype: wire_rows(runtime, dtype) for dtype in ("float32", "float16", "bfloat16", "int8")}
+        results["grad"] = {dtype: grad_sum(build(events, 0, runtime, owner, grad_dtype=dtype))
+                           for dtype in ("float32", "bfloat16")}
         runtime.barrier()
     finally:
         runtime.close()
@@ -133,6 +137,25 @@ def ranks_job(rank: int, method: str) -> dict:
 
 
 WIRE_NODES, WIRE_DIM = 16, 6
+
+
+def rank_gradient(rank: int, size: int) -> torch.Tensor:
+    """What rank ``rank`` puts in every gradient: values from 1e-3 to 1e3 in magnitude, either sign."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(size, generator=generator, dtype=torch.float64) * 10.0 ** (
+        torch.rand(size, generator=generator, dtype=torch.float64) * 6 - 3)
+
+
+def grad_sum(trainer) -> dict:
+    """The trainer's gradient sum over ranks, each rank's gradients set to :func:`rank_gradient`: the
+    summed gradients (flattened) and the payload counted."""
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    mine = rank_gradient(trainer.rank, sum(p.numel() for p in params))
+    for p, part in zip(params, mine.split([p.numel() for p in params])):
+        p.grad = part.view_as(p).clone()
+    trainer._reduce_gradients()()
+    return {"summed": torch.cat([p.grad.reshape(-1) for p in params]).numpy(),
+            "payload": trainer.grad_comm.stats.reduced_bytes, "floats": mine.numel() + len(params)}
 
 
 def wire_rows(runtime, dtype: str) -> dict:
@@ -421,6 +444,19 @@ def test_int8_memory_rows_train_on_fewer_bytes(two_ranks):
         assert run["grad"] == [run["steps"] * run["grad_floats"] * 4 / 2**20] * 2
 
 
+def test_gradients_summed_in_bfloat16_are_within_its_bound_on_half_the_bytes(two_ranks):
+    """float32 (here float64 weights: the model of these tests) sums exactly; bfloat16 within 8 significant
+    bits of each rank's gradient and of the sum, on 2 bytes a value instead of 8."""
+    exact, half = two_ranks[0]["grad"]["float32"], two_ranks[0]["grad"]["bfloat16"]
+    g0, g1 = (rank_gradient(rank, exact["summed"].size).numpy() for rank in range(2))
+    np.testing.assert_array_equal(exact["summed"], g0 + g1)
+    bound = 2.0**-8 * (2 + 2.0**-8) * (np.abs(g0) + np.abs(g1))
+    assert (np.abs(half["summed"] - (g0 + g1)) <= bound).all()
+    assert not np.array_equal(half["summed"], g0 + g1)
+    np.testing.assert_array_equal(two_ranks[1]["grad"]["bfloat16"]["summed"], half["summed"])
+    assert exact["payload"] == 8 * exact["floats"] and half["payload"] == 2 * half["floats"]
+
+
 def test_owners_are_a_metis_partition_of_the_interaction_graph():
     events = stream(num_events=3000, num_nodes=400)
     owner = partition_interactions(events.src, events.dst, events.num_nodes, 2, method="metis")
@@ -572,6 +608,8 @@ def test_sharded_memory_and_config_errors():
         TemporalTrainConfig(parallelism="pipeline")
     with pytest.raises(ValueError, match="sync_every must be >= 1, got 0"):
         TemporalTrainConfig(sync_every=0)
+    with pytest.raises(ValueError, match="unknown grad_dtype 'float16'; choose float32 or bfloat16"):
+        TemporalTrainConfig(grad_dtype="float16")
     with pytest.raises(ValueError, match="unknown wire_dtype 'int4'; choose float32 or float16 or bfloat16 or int8"):
         TemporalTrainConfig(wire_dtype="int4")
     with pytest.raises(ValueError, match="--wire-dtype must be one of float32, float16, bfloat16, int8, got 'fp8'"):

@@ -84,6 +84,9 @@ def _add_distributed_options(dist: argparse._ArgumentGroup) -> None:
                       "exact (4d bytes); float16 (2d) within 2^-11 relative; bfloat16 (2d) within 2^-8 relative; "
                       "int8 (d+4) within max|row|/254 absolute. Times travel exactly; messages are rebuilt from "
                       "the rows on arrival, so they never travel")
+    dist.add_argument("--grad-dtype", choices=("float32", "bfloat16"), default="float32", help="the dtype "
+                      "gradients are summed in across ranks: bfloat16 halves the bytes of every gradient sum (on a "
+                      "slow link most of a run's traffic) at 8 significant bits per rank's gradient and partial sum")
     dist.add_argument("--event-split", choices=("balanced", "owner"), default="balanced", help="which rank computes "
                       "an event: the owner of its source (fewer remote reads), or that owner up to an equal share "
                       "of each batch (no rank waits for a busier one)")
@@ -142,6 +145,7 @@ NO_EFFECT = (
     NoEffect("--partition-method", _memory_groups, "each rank holds every node memory"),
     NoEffect("--event-split", _memory_groups, "each rank computes all events of its batches"),
     NoEffect("--wire-dtype", _one_process, "a world of one sends no rows over a wire"),
+    NoEffect("--grad-dtype", _one_process, "a world of one sums no gradients"),
     NoEffect("--wire-dtype", _memory_groups, "each rank holds every node memory: no memory row crosses ranks"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
     NoEffect("--num-nodes", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
@@ -185,7 +189,8 @@ def run(args: argparse.Namespace) -> dict:
     out = args.out if args.out is not None else Path("runs") / (
         f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-" + (
             args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else "")
-        + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else ""))
+        + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else "")
+        + (f"-grad-{args.grad_dtype}" if args.grad_dtype != "float32" and env.is_distributed else ""))
     metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
                "parallelism": best["parallelism"] if env.is_distributed else "none",
                "neighbor_cutoff": args.neighbor_cutoff,
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace) -> dict:
                "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
                "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
                "wire_dtype": args.wire_dtype if env.is_distributed else "float32",
+               "grad_dtype": args.grad_dtype if env.is_distributed else "float32",
                "train_mib_sent_per_epoch": statistics.median(r["train_mib_sent"] for r in best["history"]),
                "train_grad_mib_reduced_per_epoch": statistics.median(r["train_grad_mib_reduced"] for r in best["history"]),
                "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
@@ -225,7 +231,7 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
                                  parallelism=args.parallelism, sync_every=args.sync_every,
                                  memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives,
-                                 wire_dtype=args.wire_dtype)
+                                 wire_dtype=args.wire_dtype, grad_dtype=args.grad_dtype)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init,

@@ -71,6 +71,9 @@ from gnnscale.train.fit import FitState, epoch_seed, fit
 
 log = logging.getLogger("gnnscale.temporal")
 
+GRAD_DTYPES = ("float32", "bfloat16")
+"""``grad_dtype`` choices (gloo sums bfloat16 in torch 2.2.1 and later)."""
+
 
 @dataclass(kw_only=True)
 class TemporalTrainConfig:
@@ -123,6 +126,9 @@ class TemporalTrainConfig:
     """Sharded: how memory rows (and a bounded cache's fetched memory and mail rows) cross ranks:
     ``float32`` exactly, or ``float16``/``bfloat16``/``int8`` within the bounds of
     :mod:`gnnscale.distributed.wire`; times always travel exactly."""
+    grad_dtype: str = "float32"
+    """Several ranks: the dtype gradients are summed in: ``float32``, or ``bfloat16`` (half the bytes,
+    float32's range, each rank's gradient and each partial sum rounded to 8 significant bits)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
@@ -132,7 +138,8 @@ class TemporalTrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
                               ("neighbor_cutoff", ("batch", "event")), ("train_negatives", ("all", "train", "seen")),
-                              ("parallelism", ("sharded", "memory", "epoch")), ("wire_dtype", WIRE_DTYPES)):
+                              ("parallelism", ("sharded", "memory", "epoch")), ("wire_dtype", WIRE_DTYPES),
+                              ("grad_dtype", GRAD_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", "")):
@@ -351,10 +358,12 @@ class TemporalLinkTrainer:
                           p.grad.to_dense().reshape(-1) if p.grad.is_sparse else p.grad.reshape(-1) for p in params] +
                          [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
                                        device=params[0].device)])
-        summed = self.grad_comm.all_reduce_start(flat)
+        dtype = flat.dtype
+        summed = self.grad_comm.all_reduce_start(flat if self.config.grad_dtype == "float32" else
+                                                 flat.to(getattr(torch, self.config.grad_dtype)))
 
         def set_gradients() -> None:
-            total = summed()
+            total = summed().to(dtype)
             offset = 0
             for p, flag in zip(params, total[-len(params):].cpu().tolist()):
                 size = p.numel()
