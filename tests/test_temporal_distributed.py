@@ -127,6 +127,7 @@ def ranks_job(rank: int, method: str) -> dict:
                                            "grad": [r["train_grad_mib_reduced"] for r in metrics["history"]],
                                            "grad_floats": sum(p.numel() for p in params) + len(params),
                                            "steps": len(trainer._batches(trainer.train_event_ids))}
+        results["buckets"] = small_buckets(events, runtime, owner)
         results["wire"] = {dtype: wire_rows(runtime, dtype) for dtype in ("float32", "float16", "bfloat16", "int8")}
         results["grad"] = {dtype: grad_sum(build(events, 0, runtime, owner, grad_dtype=dtype))
                            for dtype in ("float32", "bfloat16")}
@@ -137,6 +138,23 @@ def ranks_job(rank: int, method: str) -> dict:
 
 
 WIRE_NODES, WIRE_DIM = 16, 6
+
+
+def small_buckets(events: TemporalEvents, runtime, owner) -> dict:
+    """The K = 0 run again with gradient buckets of 4 KiB: which bucket each start was, and whether it
+    came while the backward ran."""
+    from gnnscale.temporal import gradsum
+
+    default, gradsum.BUCKET_BYTES = gradsum.BUCKET_BYTES, 4096
+    try:
+        trainer = build(events, 0, runtime, owner)
+    finally:
+        gradsum.BUCKET_BYTES = default
+    starts, start = [], trainer.gradients._start
+    trainer.gradients._start = lambda index: (starts.append((index, trainer.gradients._armed)), start(index))[1]
+    metrics = trainer.fit()
+    return {"memory": trainer.model.memory.state.memory.numpy().copy(), "loss": metrics["loss"],
+            "test_ap": metrics["test_ap"], "buckets": len(trainer.gradients.buckets), "starts": starts}
 
 
 def rank_gradient(rank: int, size: int) -> torch.Tensor:
@@ -455,6 +473,19 @@ def test_gradients_summed_in_bfloat16_are_within_its_bound_on_half_the_bytes(two
     assert not np.array_equal(half["summed"], g0 + g1)
     np.testing.assert_array_equal(two_ranks[1]["grad"]["bfloat16"]["summed"], half["summed"])
     assert exact["payload"] == 8 * exact["floats"] and half["payload"] == 2 * half["floats"]
+
+
+def test_gradient_buckets_start_during_the_backward_in_order_and_sum_the_same(two_ranks):
+    """With 4 KiB buckets: every step starts every bucket once, in bucket order; most of them while the
+    backward runs; and the run is the one-bucket run exactly (each element the same sum)."""
+    for rank in range(2):
+        got, whole = two_ranks[rank]["buckets"], two_ranks[rank][0]
+        assert got["buckets"] >= 4
+        indices = [index for index, _ in got["starts"]]
+        assert indices == list(range(got["buckets"])) * (len(indices) // got["buckets"]) and indices
+        assert sum(armed for _, armed in got["starts"]) > len(indices) // 2
+        np.testing.assert_array_equal(got["memory"], whole["memory"])
+        assert got["loss"] == whole["loss"] and got["test_ap"] == whole["test_ap"]
 
 
 def test_owners_are_a_metis_partition_of_the_interaction_graph():

@@ -64,6 +64,7 @@ from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.wire import WIRE_DTYPES
 from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
+from gnnscale.temporal.gradsum import GradientSum
 from gnnscale.temporal.memory import MemoryConfig, MemoryView
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats, StepWrites
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
@@ -204,6 +205,9 @@ class TemporalLinkTrainer:
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
         self.comm = Exchanger(None if runtime is None else runtime.sample_group, self.rank, self.world_size)
+        self.gradients = None if self.world_size == 1 else GradientSum(
+            [p for p in self.model.parameters() if p.requires_grad], self.grad_comm, dtype=config.grad_dtype,
+            sparse=() if self.model.static is None else (self.model.static.weight,))
         self.shard = ShardedMemory(self.model.memory, torch.from_numpy(np.asarray(owner, dtype=np.int64)),
                                    staleness=config.staleness, record=record, cache_rows=config.memory_cache_rows,
                                    wire_dtype=config.wire_dtype,
@@ -330,7 +334,10 @@ class TemporalLinkTrainer:
     def _start_step(self, loss: Tensor | None, *, sync: bool = True) -> Callable[[], None]:
         """Backpropagate this rank's ``loss`` (``None``: none from this rank), accumulating; with ``sync``,
         start summing the accumulated gradients over shards (averaged over memory groups and the
-        ``sync_every`` batches); returns what finishes the optimizer step."""
+        ``sync_every`` batches); returns what finishes the optimizer step.  The sums start while the
+        backward runs (:class:`GradientSum`)."""
+        if sync and self.gradients is not None:
+            self.gradients.arm()
         if loss is not None:
             (loss / (self.groups * self.config.sync_every)).backward()
         if not sync:
@@ -345,32 +352,9 @@ class TemporalLinkTrainer:
         return step
 
     def _reduce_gradients(self) -> Callable[[], None]:
-        """Start summing every parameter's gradient over the ranks; returns what waits for the sum and
-        sets it.  A parameter no rank has a gradient for keeps none (Adam skips it, exactly as in one
-        process)."""
-        if self.world_size == 1:
-            return lambda: None
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        static = None if self.model.static is None else self.model.static.weight
-        # One buffer: every gradient (zeros where missing; a sparse one as dense rows: the static memory's,
-        # a table of all nodes), then one has-a-gradient flag per parameter.
-        flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
-                          p.grad.to_dense().reshape(-1) if p.grad.is_sparse else p.grad.reshape(-1) for p in params] +
-                         [torch.tensor([float(p.grad is not None) for p in params], dtype=params[0].dtype,
-                                       device=params[0].device)])
-        dtype = flat.dtype
-        summed = self.grad_comm.all_reduce_start(flat if self.config.grad_dtype == "float32" else
-                                                 flat.to(getattr(torch, self.config.grad_dtype)))
-
-        def set_gradients() -> None:
-            total = summed().to(dtype)
-            offset = 0
-            for p, flag in zip(params, total[-len(params):].cpu().tolist()):
-                size = p.numel()
-                grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # a fresh buffer each step
-                p.grad = grad.to_sparse(sparse_dim=1) if grad is not None and p is static else grad
-                offset += size
-        return set_gradients
+        """Start summing what the backward has not started yet of every parameter's gradient over the
+        ranks; returns what waits for the sums and sets them."""
+        return (lambda: None) if self.gradients is None else self.gradients.start_rest()
 
     def _batches(self, event_ids: np.ndarray) -> list[np.ndarray]:
         size = self.config.batch_size

@@ -1,0 +1,90 @@
+"""Gradients summed over ranks in buckets, each started while the backward is still running.
+
+The parameters are cut into buckets of about :data:`BUCKET_BYTES`, in reverse order of registration
+(the backward produces the last layers' gradients first).  Armed before the backward that ends a
+gradient accumulation, :class:`GradientSum` counts each parameter's gradient as autograd finishes it
+(a post-accumulate hook) and starts the asynchronous all-reduce of a bucket once all of its
+parameters have theirs, and of every bucket before it: every rank starts the buckets in the same
+order, whatever its own backward reaches first.  What the backward leaves (parameters without a
+gradient on this rank) is started after it, with zeros and a has-a-gradient flag of 0, so a
+parameter no rank has a gradient for keeps none, exactly as in one process.  Each element is the
+same sum as one all-reduce of every gradient would give: only when it starts differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from gnnscale.distributed.comm import Exchanger
+
+BUCKET_BYTES = 1 << 19
+"""About this many bytes of float32 gradients per bucket (the TGN of the docs: 3 buckets)."""
+
+
+class GradientSum:
+    """The gradient sums of ``params`` over the ranks of ``comm``: in the parameters' own dtype
+    (``dtype="float32"``), or in ``bfloat16``.
+
+    ``sparse``: the parameters whose gradients are sparse (sent as dense rows, set back sparse).
+    """
+
+    def __init__(self, params: list[nn.Parameter], comm: Exchanger, *, dtype: str = "float32",
+                 sparse: tuple[nn.Parameter, ...] = ()) -> None:
+        self.comm, self.dtype = comm, None if dtype == "float32" else getattr(torch, dtype)
+        self.sparse = {id(p) for p in sparse}
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if size >= BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * 4
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self._armed = False
+        self._waiting: list[int] = []
+        self._started: list[Callable[[], Tensor]] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def arm(self) -> None:
+        """Start buckets during the next backward (the one ending an accumulation)."""
+        self._armed, self._waiting, self._started = True, [len(b) for b in self.buckets], []
+
+    def start_rest(self) -> Callable[[], None]:
+        """Start every bucket not started yet (all of them when not armed); returns what waits for the
+        sums and sets them as the parameters' gradients."""
+        self._armed = False
+        while len(self._started) < len(self.buckets):
+            self._start(len(self._started))
+        started, self._started = self._started, []
+
+        def set_gradients() -> None:
+            for bucket, finish in zip(self.buckets, started):
+                total = finish().to(bucket[0].dtype)
+                offset = 0
+                for p, flag in zip(bucket, total[-len(bucket):].cpu().tolist()):
+                    size = p.numel()
+                    grad = total[offset:offset + size].view_as(p) if flag > 0 else None  # fresh each step
+                    p.grad = grad.to_sparse(sparse_dim=1) if grad is not None and id(p) in self.sparse else grad
+                    offset += size
+        return set_gradients
+
+    def _ready(self, p: nn.Parameter) -> None:
+        if not self._armed:
+            return
+        self._waiting[self._bucket_of[id(p)]] -= 1
+        while len(self._started) < len(self.buckets) and self._waiting[len(self._started)] == 0:
+            self._start(len(self._started))
+
+    def _start(self, index: int) -> None:
+        bucket = self.buckets[index]
+        # Every gradient (zeros where missing; a sparse one as dense rows), then one flag per parameter.
+        flat = torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if p.grad is None else
+                          p.grad.to_dense().reshape(-1) if p.grad.is_sparse else p.grad.reshape(-1) for p in bucket] +
+                         [torch.tensor([float(p.grad is not None) for p in bucket], dtype=bucket[0].dtype,
+                                       device=bucket[0].device)])
+        self._started.append(self.comm.all_reduce_start(flat if self.dtype is None else flat.to(self.dtype)))
