@@ -653,3 +653,17 @@ def test_sharded_memory_and_config_errors():
                             tgn_config=TGNConfig(embedding_dim=4, heads=2), config=TemporalTrainConfig(),
                             runtime=type("Runtime", (), {"rank": 0, "world_size": 2, "device": torch.device("cpu"),
                                                          "group": None, "sample_group": None})())
+
+
+def test_unknown_bench_wire_dtype_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_staleness.py"), "--wire-dtypes",
+                           "float32,fp8", "--out", str(tmp_path / "bench.json")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and not (tmp_path / "bench.json").exists()
+    assert done.stderr.strip().splitlines() == [
+        "error: --wire-dtypes takes comma-separated values of float32, float16, bfloat16, int8, got 'float32,fp8'"]
