@@ -14,8 +14,9 @@ from gnnscale.train import cli as train_cli
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 # Same name, but a per-command meaning: the loaders' catalogues, seed nodes per rank vs events per global step,
-# GAT heads/dropout vs TGN's attention, a synthetic graph's nodes vs a synthetic stream's.
-PER_COMMAND = {"--help", "--dataset", "--batch-size", "--heads", "--dropout", "--num-nodes"}
+# GAT heads/dropout vs TGN's attention, a synthetic graph's nodes vs a synthetic stream's, feature rows and
+# halo embeddings vs node memory rows on the wire (the same choices: both commands take WIRE_DTYPES).
+PER_COMMAND = {"--help", "--dataset", "--batch-size", "--heads", "--dropout", "--num-nodes", "--wire-dtype"}
 
 
 def actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -37,6 +38,8 @@ def test_options_in_both_commands_have_one_name_help_and_default():
     assert node["--failure-timeout"].default == temporal["--failure-timeout"].default == 120.0
     assert node["--patience"].default == temporal["--patience"].default == 0
     assert (node["--lr"].default, temporal["--lr"].default) == (0.01, 5e-4)
+    assert node["--wire-dtype"].choices == temporal["--wire-dtype"].choices and \
+        node["--wire-dtype"].default == temporal["--wire-dtype"].default == "float32"
 
 
 def write(tmp_path: Path, text: str) -> Path:

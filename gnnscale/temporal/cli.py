@@ -191,22 +191,7 @@ def run(args: argparse.Namespace) -> dict:
             args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else "")
         + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else "")
         + (f"-grad-{args.grad_dtype}" if args.grad_dtype != "float32" and env.is_distributed else ""))
-    metrics = {"dataset": events.name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
-               "parallelism": best["parallelism"] if env.is_distributed else "none",
-               "neighbor_cutoff": args.neighbor_cutoff,
-               **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
-               "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
-               "train_events_per_second": statistics.median(r["train_events_per_second"] for r in best["history"]),
-               "wire_dtype": args.wire_dtype if env.is_distributed else "float32",
-               "grad_dtype": args.grad_dtype if env.is_distributed else "float32",
-               "train_mib_sent_per_epoch": statistics.median(r["train_mib_sent"] for r in best["history"]),
-               "train_grad_mib_reduced_per_epoch": statistics.median(r["train_grad_mib_reduced"] for r in best["history"]),
-               "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
-               "remote_read_fraction": best["remote_read_fraction"], "fetched_rows": best["fetched_rows_run"],
-               "num_nodes": best["num_nodes"], "memory_rows_per_rank": best["memory_rows_per_rank"],
-               "peak_rss_mib_per_rank": best["peak_rss_mib_per_rank"],
-               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "history": best["history"]}
+    metrics = _metrics(args, events.name, best, env)
     if env.is_main:
         from gnnscale.train.cli import write_json_atomic
 
@@ -218,6 +203,29 @@ def run(args: argparse.Namespace) -> dict:
               f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f};"
               f" best epoch {best['best_epoch']}/{best['epochs_run']} -> {out / 'metrics.json'}", flush=True)
     return metrics
+
+
+def _metrics(args: argparse.Namespace, name: str, best: dict, env) -> dict:
+    """``metrics.json``: the run's settings, the best epoch's figures, medians over epochs, the history."""
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in best["history"])
+
+    several = env.is_distributed
+    return {"dataset": name, "model": "tgn", "world_size": env.world_size, "staleness": args.staleness,
+            "parallelism": best["parallelism"] if several else "none", "neighbor_cutoff": args.neighbor_cutoff,
+            **{k: v for k, v in best.items() if k.startswith(("val_", "test_"))},
+            "best_epoch": best["best_epoch"], "epochs_run": best["epochs_run"], "seconds": best["seconds"],
+            "train_events_per_second": median("train_events_per_second"),
+            "wire_dtype": args.wire_dtype if several else "float32",
+            "grad_dtype": args.grad_dtype if several else "float32",
+            "train_mib_sent_per_epoch": median("train_mib_sent"),
+            "train_grad_mib_reduced_per_epoch": median("train_grad_mib_reduced"),
+            "staleness_max": best["staleness_max_run"], "staleness_mean": best["staleness_mean_run"],
+            "remote_read_fraction": best["remote_read_fraction"], "fetched_rows": best["fetched_rows_run"],
+            "num_nodes": best["num_nodes"], "memory_rows_per_rank": best["memory_rows_per_rank"],
+            "peak_rss_mib_per_rank": best["peak_rss_mib_per_rank"],
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "history": best["history"]}
 
 
 def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
