@@ -141,7 +141,7 @@ def bytes_as(payload: Tensor, dtype: torch.dtype) -> Tensor:
 def byte_width(dtype: str, d: int, like: torch.dtype = torch.float32) -> int:
     """Bytes of one :func:`to_bytes` row: :func:`row_bytes`, or ``d`` values of ``like`` for ``float32``."""
     if dtype == "float32":
-        return d * torch.empty((), dtype=like).element_size()
+        return d * torch.finfo(like).bits // 8
     return row_bytes(dtype, d)
 
 

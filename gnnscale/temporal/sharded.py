@@ -105,8 +105,8 @@ class StepWrites:
     t: Tensor
     e: Tensor | None
     ranks: Tensor
-    rows: Tensor | None = None
-    """This rank's persisted rows, packed (:meth:`ShardedMemory._pack`), once written."""
+    rows: tuple[Tensor, Tensor] | None = None
+    """This rank's persisted rows once written, exact, on the CPU: ``(memory, last_update)``."""
     _ends: dict[int, Tensor] = field(default_factory=dict)
 
     def events(self, rank: int) -> Tensor:
@@ -243,7 +243,7 @@ class ShardedMemory:
             self._apply_rank(batch, self.rank, ends, view.memory[at], view.last_update[at], only_held=False)
         if self.world_size == 1:
             return
-        batch.rows = self._pack(view.memory[at], view.last_update[at])
+        batch.rows = (view.memory[at].cpu(), view.last_update[at].cpu())
         self._pending.append(batch)
         self.touched[ends] = True
         if self.log is not None and mine.numel():
@@ -271,16 +271,6 @@ class ShardedMemory:
             self._finish_flush()
 
     # ------------------------------------------------------------------ flushes
-    def _pack(self, memory: Tensor, last_update: Tensor) -> Tensor:
-        """Rows ``[memory, last_update]`` in the memory's dtype on the CPU, the float64 time kept bit-exact."""
-        memory = memory.cpu()
-        times = last_update.cpu().contiguous().view(memory.dtype).reshape(memory.shape[0], 8 // memory.element_size())
-        return torch.cat([memory, times], 1)
-
-    def _unpack(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        d = self.memory.config.memory_dim
-        return rows[:, :d], wire.bytes_as(rows[:, d:].view(torch.uint8), torch.float64).reshape(-1)
-
     def _to_wire(self, memory: Tensor, last_update: Tensor) -> Tensor:
         """uint8 rows: ``memory`` in the wire dtype, then the float64 times' 8 bytes."""
         return torch.cat([wire.to_bytes(memory, self.wire_dtype), last_update.reshape(-1, 1).view(torch.uint8)], 1)
@@ -300,8 +290,8 @@ class ShardedMemory:
         width = wire.byte_width(self.wire_dtype, self.memory.config.memory_dim, self.memory.state.dtype) + 8
         buffer = torch.zeros(int(counts.sum(0).max()), width, dtype=torch.uint8)
         if steps:
-            own = self._unpack(torch.cat([step.rows for step in steps]))
-            buffer[:own[0].shape[0]] = self._to_wire(*own)
+            memory, last_update = (torch.cat(parts) for parts in zip(*(step.rows for step in steps)))
+            buffer[:memory.shape[0]] = self._to_wire(memory, last_update)
         self._in_flight = (len(steps), counts, self.exchanger.all_gather_start(buffer))
 
     def _finish_flush(self) -> None:
@@ -323,7 +313,7 @@ class ShardedMemory:
             self._replay(step, [gathered[r][offsets[i, r]:offsets[i + 1, r]] for r in range(self.world_size)])
         for step in self._pending:  # this rank's writes after the flushed steps win again
             ends = step.ends(self.rank)
-            memory, last_update = self._unpack(step.rows)
+            memory, last_update = step.rows
             device = self.memory.state.memory.device
             self._apply_rank(step, self.rank, ends, memory.to(device), last_update.to(device), only_held=False)
         if flushed:
