@@ -3,8 +3,13 @@
 Without it, rank ``r`` trains its own training nodes, cut into the same number of steps as every
 other rank: each rank's share of a step is its partition's share of the training nodes.  With it,
 :class:`SeedShares` re-deals every step by capacity (:mod:`gnnscale.distributed.capacity`): given
-weights, or ``auto``: measured before the first epoch and again after every epoch, each time on
-:data:`MEASURED_STEPS` of each rank's own steps run alone (no collective, so no peer's pace is in it).  A step's
+weights, or ``auto``: calibrated before the first epoch on :data:`MEASURED_STEPS` of each rank's own
+steps run alone (no collective, so no peer's pace is in it), then re-balanced after every epoch from
+that epoch's real steps: each rank's seeds over its busy seconds, i.e. its training time less the
+gradient sum's exposed wait (:mod:`gnnscale.train.gradclock`), in which a faster rank waits for a
+slower one.  Real steps include what the calibration cannot see (serving the peers' feature
+requests, a step's fixed costs), and re-dealing by the last epoch's speeds drives the ranks' busy
+times together even where a step's cost is not proportional to its seeds.  A step's
 union of seeds is what it is without shares, so the gradient is unchanged; seeds trained away from
 their owner need their label (every rank holds the labels of all training nodes) and their
 features and neighbours from wherever they are (the replicated topology samples them locally).
@@ -53,7 +58,6 @@ class SeedShares:
         self.auto = capacity == "auto"
         world = exchanger.world_size
         self.shares: list[float] = [1.0 / world] * world if self.auto else list(capacity)
-        self._measured: Tensor | None = None
 
     def plan(self, epoch: int) -> list[Tensor]:
         """This rank's seeds of every step of ``epoch`` (the loader's ``plan``)."""
@@ -61,26 +65,32 @@ class SeedShares:
                              self.steps) for ids in self.own]
         return share_steps(own, self.shares)[self.rank]
 
-    def measure(self, run_step: Callable[[Tensor], None], epoch: int) -> None:
+    def calibrate(self, run_step: Callable[[Tensor], None]) -> None:
         """``auto``: time :data:`MEASURED_STEPS` of this rank's own steps, ``run_step(seeds)`` (no collective
-        in it), then set the shares of the epochs that follow from every rank's seeds per second."""
+        in it), after one untimed, and set the first epoch's shares from every rank's seeds per second."""
         if not self.auto:
             return
-        batches = split_batches(epoch_order(self.own[self.rank], shuffle=True, seed=self.seed + 1, epoch=epoch),
-                                self.batch_size, False, self.steps)[:MEASURED_STEPS]
+        batches = split_batches(epoch_order(self.own[self.rank], shuffle=True, seed=self.seed + 1, epoch=0),
+                                self.batch_size, False, self.steps)[:MEASURED_STEPS + 1]
+        run_step(batches.pop())  # untimed: a first step pays one-off costs (allocations, lazy set-up)
         start = time.perf_counter()
         for seeds in batches:
             run_step(seeds)
-        seconds = time.perf_counter() - start
+        self._set_shares(sum(b.numel() for b in batches), time.perf_counter() - start, "before training")
+
+    def rebalance(self, epoch: int, busy_seconds: float) -> None:
+        """``auto``: the next epoch's shares from this rank's seeds of ``epoch`` over ``busy_seconds`` (its
+        training time less the exposed gradient-sum wait), and every other rank's.  A collective."""
+        if self.auto:
+            self._set_shares(sum(b.numel() for b in self.plan(epoch)), busy_seconds, f"after epoch {epoch}")
+
+    def _set_shares(self, seeds: int, seconds: float, when: str) -> None:
         measured = torch.zeros((self.exchanger.world_size, 2), dtype=torch.float64)
-        measured[self.rank] = torch.tensor([sum(b.numel() for b in batches), seconds], dtype=torch.float64)
+        measured[self.rank] = torch.tensor([seeds, seconds], dtype=torch.float64)
         self.exchanger.all_reduce(measured, op=dist.ReduceOp.SUM)
-        # Every measurement so far counts: a few steps are a noisy sample of a rank's speed.
-        self._measured = measured if self._measured is None else self._measured + measured
-        self.shares = shares_from_speed(self._measured[:, 0].tolist(), self._measured[:, 1].tolist())
-        log.info("rank capacity %s: seeds per second (all measurements) %s -> shares %s",
-                 "before training" if epoch == 0 else f"after epoch {epoch}",
-                 [round(n / t) if t > 0 else 0 for n, t in self._measured.tolist()], [round(x, 3) for x in self.shares])
+        self.shares = shares_from_speed(measured[:, 0].tolist(), measured[:, 1].tolist())
+        log.info("rank capacity %s: seeds per busy second %s -> shares %s", when,
+                 [round(n / t) if t > 0 else 0 for n, t in measured.tolist()], [round(x, 3) for x in self.shares])
 
     def record(self) -> dict[str, Any]:
         return {"shares": [round(s, 4) for s in self.shares]}

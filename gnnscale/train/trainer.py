@@ -49,6 +49,7 @@ from gnnscale.pipeline.device import DeviceFeeder
 from gnnscale.progress import Progress
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit
+from gnnscale.train.gradclock import GradSumClock
 from gnnscale.train.shares import SeedShares
 from partition.load import Partition
 from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure, structure_bytes
@@ -206,11 +207,12 @@ class Trainer:
             self.module = GNN(model_config, self.features.row_shape[0], part.num_classes).to(self.device)
         self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
             if runtime.group is not None else self.module
+        self.grad_clock = GradSumClock(self.model, runtime.group) if runtime.group is not None else None
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.shares = self._seed_shares()
         self.loader, self.feeder = self._make_pipeline()
         if self.shares is not None:
-            self.shares.measure(self._alone_step, 0)
+            self.shares.calibrate(self._alone_step)
         self._eval_blocks: list[tuple[Block, Tensor]] | None = None
         self.fingerprint = {"num_nodes": part.book.num_nodes, "world_size": self.world_size, "split": split,
                             "model": repr(model_config), "sampler": repr(sampler_config),
@@ -287,10 +289,10 @@ class Trainer:
         elif policy == "vip" and rows:
             candidates, counts = self._inclusion_scores(sample_graph, sampler_config)
         self.features.fill_cache_by_counts(candidates, counts, min(rows, candidates.numel()))
-        # vip's candidates are every node a batch of this rank can reach: cached whole on every rank, the
-        # batches need no exchange (and the ranks no lockstep but the gradient sum).
-        # Not with seed shares: a rank then trains other partitions' seeds too, whose inputs vip did not rank.
-        whole = policy == "vip" and rows >= candidates.numel() and self.config.rank_capacity is None
+        # vip's candidates are every node a batch of this rank can reach (with seed shares, from any rank's
+        # seeds): cached whole on every rank, the batches need no exchange (and the ranks no lockstep but the
+        # gradient sum).
+        whole = policy == "vip" and rows >= candidates.numel()
         self.features.cache_complete = bool(self.exchanger.all_reduce(torch.tensor([int(whole)]),
                                                                       op=dist.ReduceOp.MIN)[0])
         log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB, %s)",
@@ -301,11 +303,18 @@ class Trainer:
 
     def _inclusion_scores(self, whole: LocalGraph, sampler_config: SamplerConfig) -> tuple[Tensor, Tensor]:
         """Non-owned nodes with their probability of being an input of one of this rank's mini-batches
-        (SALIENT++'s vertex inclusion probability, :mod:`samplers.inclusion`); needs the whole structure."""
+        (SALIENT++'s vertex inclusion probability, :mod:`samplers.inclusion`); needs the whole structure.
+
+        With seed shares (``--rank-capacity``) a rank may train any rank's seeds: those of the others count
+        too, at 1/world_size of an own seed's weight (only part of them, and only on a faster rank), so that
+        a budget holding every candidate leaves no batch anything to fetch."""
         if not self.replicated:
             raise ValueError("--cache-policy vip needs the whole graph structure on every rank: use --topology "
                              "replicated (or auto, within --topology-budget-mb), or another --cache-policy")
         seed_probability = np.zeros(whole.num_owned, dtype=np.float64)
+        if self.config.rank_capacity is not None:
+            seed_probability[self.exchanger.all_gather_rows(self.train_ids).numpy()] = \
+                1.0 / (self.steps * self.world_size)
         seed_probability[self.train_ids.numpy()] = 1.0 / self.steps  # each own training node: one step per epoch
         p = inclusion_probabilities(whole.indptr, whole.indices, seed_probability, sampler_config.fanouts)
         p[self.start:self.end] = 0.0
@@ -393,21 +402,24 @@ class Trainer:
         self.model.train()
         torch.manual_seed(epoch_seed(self.config.seed, epoch, self.rank))
         self.loader.epoch = epoch
-        loss_sum, start = 0.0, time.perf_counter()
+        loss_sum, grad_wait, start = 0.0, 0.0, time.perf_counter()
         with Progress(self.steps, desc=f"epoch {epoch}", enabled=self.show_progress) as progress:
             for step, item in enumerate(self.feeder(self.loader)):
                 logits = self.model(item.batch.blocks, item.x)
                 loss = F.cross_entropy(logits, item.y, reduction="sum")
                 self.optimizer.zero_grad(set_to_none=True)
                 # DDP averages over ranks; scaled so that the average is the gradient of the step's global mean.
+                backward_start = time.perf_counter()
                 (loss * (self.world_size / self.step_seeds[step])).backward()
+                if self.grad_clock is not None:
+                    grad_wait += self.grad_clock.exposed(backward_start)
                 self.optimizer.step()
                 # .item() waits for the device: it keeps the wait/compute split honest on CUDA.
                 loss_sum += loss.item()
                 progress.update()
         seconds, stats = time.perf_counter() - start, self.loader.stats
         times = {"wait_s": stats.wait, "compute_s": seconds - stats.wait, "sample_s": stats.sample,
-                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds}
+                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds, "grad_wait_s": grad_wait}
         self.feeder.copy_seconds = 0.0
         total = self.exchanger.all_reduce(torch.tensor([loss_sum], dtype=torch.float64))
         return float(total[0]) / float(self.step_seeds.sum()), times
@@ -462,8 +474,8 @@ class Trainer:
         start, cpu_start = time.perf_counter(), time.process_time()
         shares = self.shares.record() if self.shares is not None else {}
         loss, times = self.train_epoch(epoch)
-        if self.shares is not None and epoch < self.config.epochs:
-            self.shares.measure(self._alone_step, epoch)  # the next epoch's shares, timed as part of this one
+        if self.shares is not None and epoch < self.config.epochs:  # the next epoch's shares, from this one's steps
+            self.shares.rebalance(epoch, times["wait_s"] + times["compute_s"] - times["grad_wait_s"])
         # CPU seconds of every thread of this process (trainer, loader, gloo), summed over ranks below.
         times["cpu_s"] = time.process_time() - cpu_start
         times["exchange_s"] = self.exchanger.stats.seconds
