@@ -16,10 +16,11 @@ Reported per run (epochs after the first, median over repeats): epoch seconds; s
 efficiency ``T1 / (K x TK)``, also against the baseline measured while a copy of it runs on the
 other core (two emulated machines share one host's memory bandwidth and caches, a real pair would
 not); CPU seconds per epoch summed over ranks, and their ratio to the baseline's; MiB sent per
-epoch (all ranks); per step, the training thread's wait for input (with one core per rank the
-loader runs in the training thread: all of sampling and fetching, exchanges included) and the wall
-time spent in exchanges (waiting on the peer included); validation accuracy and its difference
-from the baseline.  Writes a Markdown table, JSON and a PNG plot (matplotlib:
+epoch (all ranks); per step, the training thread's wait for input (the sampling and fetching,
+exchanges included, that the loader did not finish behind the last step), the wall time spent in
+exchanges (waiting on the peer included) and the gradient sum's exposed wait (from the last
+gradient's readiness to the sum's arrival: the network and the slower rank); the last epoch's seed
+shares under ``--rank-capacity``; validation accuracy and its difference from the baseline.  Writes a Markdown table, JSON and a PNG plot (matplotlib:
 ``pip install -e .[bench]``).  Needs root and ``ip netns`` (see ``scripts/emulated_cluster.py``).
 """
 
@@ -163,6 +164,7 @@ def summarise(config: Config, metrics: dict) -> dict:
             "cpu_s": median("cpu_s_all_ranks"), "mib_sent": median("bytes_sent") / 2**20,
             "wait_ms_per_step": 1000 * median("wait_s") / steps,
             "exchange_ms_per_step": 1000 * median("exchange_s") / steps,
+            "grad_wait_ms_per_step": 1000 * median("grad_wait_s") / steps, "shares": history[-1].get("shares"),
             "val": metrics["val"], "test": metrics["test"], "steps_per_epoch": steps,
             "epoch_seconds": [h["epoch_seconds"] for h in history]}
 
@@ -170,7 +172,8 @@ def summarise(config: Config, metrics: dict) -> dict:
 def combine(repeats: list[dict]) -> dict:
     """One row from a run's repeats: medians of the timings, every repeat's epoch time kept."""
     row = dict(repeats[0])
-    for key in ("epoch_s", "cpu_s", "mib_sent", "wait_ms_per_step", "exchange_ms_per_step", "val", "test"):
+    for key in ("epoch_s", "cpu_s", "mib_sent", "wait_ms_per_step", "exchange_ms_per_step", "grad_wait_ms_per_step",
+                "val", "test"):
         row[key] = statistics.median(r[key] for r in repeats)
     row["repeat_epoch_s"] = [r["epoch_s"] for r in repeats]
     return row
@@ -188,13 +191,13 @@ def add_ratios(results: list[dict]) -> None:
 
 def table(results: list[dict]) -> str:
     lines = ["| run | machines | link | epoch s | efficiency (vs busy-host base) | CPU s / epoch (x base) | "
-             "MiB sent / epoch | wait ms / step | exchange ms / step | val acc (delta) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "MiB sent / epoch | wait ms / step | exchange ms / step | gradient wait ms / step | val acc (delta) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['name']} | {r['machines']} | {r['rate']} | {r['epoch_s']:.2f} | {r['efficiency']:.2f} "
                      f"({r['efficiency_vs_contended']:.2f}) | "
                      f"{r['cpu_s']:.2f} ({r['cpu_ratio']:.2f}x) | {r['mib_sent']:.1f} | {r['wait_ms_per_step']:.1f} | "
-                     f"{r['exchange_ms_per_step']:.1f} | {r['val']:.4f} ({r['val_delta']:+.4f}) |")
+                     f"{r['exchange_ms_per_step']:.1f} | {r['grad_wait_ms_per_step']:.1f} | {r['val']:.4f} ({r['val_delta']:+.4f}) |")
     return "\n".join(lines)
 
 

@@ -37,6 +37,26 @@ def test_renumbered_first_block_gives_the_same_logits(model: str) -> None:
     assert torch.allclose(net(renumbered.blocks, x), expected, atol=1e-5)
 
 
+def test_id_map_gathers_in_block_order_from_owned_and_cached_rows() -> None:
+    """Rank 0 of two, every remote row cached: the batch comes back as it is, each row its node's."""
+    indptr, indices = graph()
+    batch = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[5, 3])).sample(torch.arange(0, 400, 7),
+                                                                                  rng=np.random.default_rng(0))
+    features = torch.randn(400, 12)
+    table = DistTable(features[:200].clone(), torch.tensor([0, 200, 400]), Exchanger(None, 0, 2))
+    table.use_id_map, table.cache_complete = True, True
+    table.cache_ids, table.cache_rows = torch.arange(200, 400), features[200:].clone()  # no exchange: no group
+    same, x = table.gather_batch(batch, lambda rows, like: like.new_empty((rows, *like.shape[1:])))
+    assert same is batch and torch.equal(x, features[batch.input_ids])
+    assert table.rows.data_ptr() == table.cache_rows.data_ptr() - 200 * 12 * 4  # joined: one table, two views
+    assert (table.stats.local_rows, table.stats.cache_hits, table.stats.remote_rows) == \
+        (int((batch.input_ids < 200).sum()), int((batch.input_ids >= 200).sum()), 0)
+    table.cache_ids, table.cache_rows = torch.arange(300, 400), features[300:].clone()  # 200-299 missing now
+    with pytest.raises(RuntimeError, match=r"rank 0 needs \d+ remote rows \(e.g. global id 2\d\d\) that a complete "
+                       r"cache should hold"):
+        table.gather_batch(batch, lambda rows, like: like.new_empty((rows, *like.shape[1:])))
+
+
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_sage_and_gcn_aggregate_in_either_order_with_the_same_result(requires_grad: bool) -> None:
     from gnnscale.nn.gcn import GCNConv

@@ -255,18 +255,23 @@ def table_checks(rank: int) -> dict[str, Any]:
             halo = unique[(unique < start) | (unique >= end)]
             table.fill_cache(halo[::2])
             cached = table.gather(ids)
-            # With a cache, by the id map and by search and sort: the same rows.
+            # With a cache, in order by the id map (some rows fetched) and grouped by search and sort: the same rows.
             table.use_id_map = True
             by_map = torch.full((unique.numel(), NUM_FEATURES), float("nan"))
-            by_map_ids = unique[table.gather_grouped(unique, out=by_map)]
+            table.stats.reset()
+            table.gather_ordered(unique, out=by_map)
+            by_map_ids, map_counts = unique, dict(vars(table.stats))
             table.use_id_map = False
             by_sort = torch.full((unique.numel(), NUM_FEATURES), float("nan"))
+            table.stats.reset()
             by_sort_ids = unique[table.gather_grouped(unique, out=by_sort)]
+            sort_counts = dict(vars(table.stats))
             # A 1-D float table (as degrees are): one value a row.
             column = DistTable(full[start:end, 0].clone(), offsets, exchanger, wire_dtype=dtype).gather(ids)
             out[dtype] = {"gather": gathered, "gather_stats": gather_stats, "grouped": grouped,
                           "grouped_ids": unique[order], "grouped_stats": grouped_stats, "cached": cached,
-                          "column": column, "by_map": (by_map_ids, by_map), "by_sort": (by_sort_ids, by_sort)}
+                          "column": column, "by_map": (by_map_ids, by_map), "by_sort": (by_sort_ids, by_sort),
+                          "counts": (map_counts, sort_counts)}
         out["ids"] = ids
         return out
     finally:
@@ -279,9 +284,11 @@ def two_ranks() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("dtype", wire.WIRE_DTYPES)
-def test_grouped_gather_by_id_map_and_by_sort_agree(two_ranks: list[dict[str, Any]], dtype: str) -> None:
+def test_ordered_gather_by_id_map_and_grouped_by_sort_agree(two_ranks: list[dict[str, Any]], dtype: str) -> None:
     for rank, result in enumerate(two_ranks):
         (map_ids, map_rows), (sort_ids, sort_rows) = result[dtype]["by_map"], result[dtype]["by_sort"]
+        map_counts, sort_counts = result[dtype]["counts"]
+        assert map_counts == sort_counts and min(map_counts.values()) > 0, (map_counts, sort_counts)  # all 3 kinds
         assert not torch.isnan(map_rows).any() and not torch.isnan(sort_rows).any(), f"rank {rank}: a row unwritten"
         assert torch.equal(torch.sort(map_ids).values, torch.sort(sort_ids).values)
         torch.testing.assert_close(map_rows[torch.argsort(map_ids)], sort_rows[torch.argsort(sort_ids)], rtol=0,
