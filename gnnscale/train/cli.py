@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "structure (8 bytes per node and per edge)")
     dist.add_argument("--rank-capacity", type=rank_capacity, default=None, metavar="auto|W0,W1,...",
                       help="deal every step's seeds among ranks in proportion to their speed (heterogeneous "
-                           "machines): auto = measured on a few steps at the start and after every epoch, or one "
-                           "weight per rank; default: each rank trains its own training nodes")
+                           "machines): auto = timed on a few steps alone at the start, then re-dealt after every "
+                           "epoch from its real steps' busy time; or one weight per rank; default: each rank "
+                           "trains its own training nodes")
     dist.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                       help="how remote feature rows (cache fill included) and evaluation's halo embeddings cross "
                            "the wire, d values a row: float32 exact (4d bytes); float16 (2d) within 2^-11 relative, "
