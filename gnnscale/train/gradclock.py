@@ -7,6 +7,8 @@ divided by the world size, summed), so the time from there to the backward's ret
 of the sum no computation hid: the network, and waiting for the slowest rank.  The trainer
 reports it per epoch (``grad_wait_s``) and ``--rank-capacity auto`` subtracts it from a step's
 time to get what the rank itself spent (:meth:`gnnscale.train.shares.SeedShares.rebalance`).
+Times are the host's: on CUDA, where kernels run asynchronously, the hand-over is when the host
+queued the bucket, so the wait also holds the device's unfinished backward.
 """
 
 import time
