@@ -167,9 +167,10 @@ class DistTable:
         Owned and cached rows sit in one table (:meth:`_where_map` joins them), so one gather
         writes every row that is here in order; rows fetched from their owners (ascending ids,
         grouped by owner) are then scattered into their places, a few percent of a batch once a
-        cache holds most of what it reads.  Against :meth:`gather_grouped` plus a renumbered first
-        block: 4.8 against 7.4-9.2 ms for the 62k input rows (x 100 float32) of 1000 seeds at
-        fanouts 10,25 on the 1M-node graph, one thread.  A collective.
+        cache holds most of what it reads.  ``scripts/bench_gather.py``: 6.2-7.2 ms for the 62k input
+        rows (x 100 float32) of 1000 seeds at fanouts 10,25 on the 1M-node graph, one thread, against
+        3.6-5.3 for one process's plain gather and 17-22 for :meth:`gather_grouped` by search and sort
+        with a renumbered first block.  A collective (unless the cache is complete).
 
         Args:
             ids: int64 [k] global ids.
@@ -188,14 +189,10 @@ class DistTable:
             found.index_fill_(0, missing_pos, 0)  # any row here: overwritten by the fetched one below
         if ids.numel():
             gather_rows(self._joined, found, out)
-        if self.cache_complete:
-            if num_missing:  # the peers make no exchange: asking would hang them
-                raise RuntimeError(f"rank {self.rank} needs {num_missing} remote rows (e.g. global id "
-                                   f"{int(ids[missing_pos[0]])}) that a complete cache should hold")
-        else:
-            missing, by_id = torch.sort(ids.index_select(0, missing_pos))
-            fetched = out.new_empty((num_missing, *out.shape[1:]))
-            self._fetch_missing(missing, fetched)
+        missing, by_id = torch.sort(ids.index_select(0, missing_pos))
+        fetched = out.new_empty((num_missing, *out.shape[1:]))
+        self._fetch_missing(missing, fetched)
+        if num_missing:
             out.index_copy_(0, missing_pos.index_select(0, by_id), fetched)
         self._count(ids.numel() - num_cached - num_missing, num_cached, num_missing)
 
@@ -205,7 +202,13 @@ class DistTable:
         self.stats.remote_rows += remote
 
     def _fetch_missing(self, missing: Tensor, out: Tensor) -> None:
-        """Rows of ``missing`` (ascending remote ids) from their owners into ``out``: a collective."""
+        """Rows of ``missing`` (ascending remote ids) from their owners into ``out``: a collective, except
+        with a complete cache, where every rank skips it (and ``missing`` must be empty)."""
+        if self.cache_complete:
+            if missing.numel():  # the peers make no exchange: asking would hang them
+                raise RuntimeError(f"rank {self.rank} needs {missing.numel()} remote rows (e.g. global id "
+                                   f"{int(missing[0])}) that a complete cache should hold")
+            return
         sizes = torch.bincount(self.owner(missing), minlength=self.world_size).tolist()
         requests = self.exchanger.exchange(list(missing.split(sizes)))
         self._answer(requests, sizes, out=out)
