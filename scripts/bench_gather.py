@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(python -m partition ... --num-parts 1)", file=sys.stderr)
         return 2
     features = torch.from_numpy(np.array(part.features, dtype=np.float32))
-    sampler = NeighborSampler(np.asarray(part.indptr), np.asarray(part.indices),
+    sampler = NeighborSampler(np.array(part.indptr), np.array(part.indices),  # in memory, writable
                               SamplerConfig(fanouts=[int(f) for f in args.fanouts.split(",")]))
     train = torch.from_numpy(np.flatnonzero(part.train_masks[0]))
     rng = np.random.default_rng(args.seed)
