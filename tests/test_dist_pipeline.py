@@ -51,6 +51,11 @@ def test_id_map_gathers_in_block_order_from_owned_and_cached_rows() -> None:
     assert table.rows.data_ptr() == table.cache_rows.data_ptr() - 200 * 12 * 4  # joined: one table, two views
     assert (table.stats.local_rows, table.stats.cache_hits, table.stats.remote_rows) == \
         (int((batch.input_ids < 200).sum()), int((batch.input_ids >= 200).sum()), 0)
+    table.use_id_map = False
+    with pytest.raises(ValueError, match=r"gather_ordered needs the id map: set use_id_map on a table whose graph "
+                       r"fits \d+ MiB at 4 bytes a node"):
+        table.gather_ordered(batch.input_ids, x)
+    table.use_id_map = True
     table.cache_ids, table.cache_rows = torch.arange(300, 400), features[300:].clone()  # 200-299 missing now
     with pytest.raises(RuntimeError, match=r"rank 0 needs \d+ remote rows \(e.g. global id 2\d\d\) that a complete "
                        r"cache should hold"):

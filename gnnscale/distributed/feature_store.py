@@ -185,15 +185,12 @@ class DistTable:
         missing_pos = torch.nonzero(found < 0).squeeze(1)
         num_missing = missing_pos.numel()
         num_cached = int((found >= self.rows.shape[0]).sum())
-        if num_missing:
-            found.index_fill_(0, missing_pos, 0)  # any row here: overwritten by the fetched one below
-        if ids.numel():
-            gather_rows(self._joined, found, out)
+        found.index_fill_(0, missing_pos, 0)  # any row here: overwritten by the fetched one below
+        gather_rows(self._joined, found, out)
         missing, by_id = torch.sort(ids.index_select(0, missing_pos))
         fetched = out.new_empty((num_missing, *out.shape[1:]))
         self._fetch_missing(missing, fetched)
-        if num_missing:
-            out.index_copy_(0, missing_pos.index_select(0, by_id), fetched)
+        out.index_copy_(0, missing_pos.index_select(0, by_id), fetched)
         self._count(ids.numel() - num_cached - num_missing, num_cached, num_missing)
 
     def _count(self, local: int, cached: int, remote: int) -> None:
