@@ -49,7 +49,8 @@ ARGV = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts=-1,
         "--checkpoint-every", "0"]
 
 
-SLOW_STEP_S = 0.06  # "auto slow": rank 1's training steps (not its calibration) each sleep this long
+SLOW_STEP_S = 0.2  # "auto slow": rank 1's training steps (not its calibration) each sleep this long (well above
+# the scheduling noise a loaded CI host puts into an equal run's first-epoch gradient wait: 0.09 s seen)
 
 
 def slowed(forward: Any) -> Any:
@@ -131,8 +132,10 @@ def test_auto_rebalances_from_real_steps(capacity_runs: list[list[dict[str, Any]
     # Rank 0 waited on the gradient sum for about rank 1's sleep every step, rank 1 hardly: the ranks' mean
     # is about half the sleep per step.
     assert slow[0]["grad_wait"][0] > 0.3 * SLOW_STEP_S * slow[0]["steps"], slow[0]["grad_wait"]
-    uniform = capacity_runs[0][0]  # equal ranks: scheduling noise only
-    assert uniform["grad_wait"][0] < 0.5 * slow[0]["grad_wait"][0], (uniform["grad_wait"], slow[0]["grad_wait"])
+    # Equal ranks: scheduling noise only. Their last epoch, as the first holds one-time costs (DDP's bucket
+    # rebuild, first touches) that on a loaded host made the first epoch's wait as long as the slow run's.
+    uniform = capacity_runs[0][0]
+    assert uniform["grad_wait"][-1] < 0.5 * slow[0]["grad_wait"][-1], (uniform["grad_wait"], slow[0]["grad_wait"])
 
 
 def test_bad_capacity_is_refused_before_training(tmp_path: Path) -> None:
