@@ -132,6 +132,8 @@ def check_out(path: Path, flag: str = "--out") -> None:
 
 WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
 """``--wire-dtype`` choices: :data:`gnnscale.distributed.wire.WIRE_DTYPES`, without importing torch to parse."""
+GRAD_SYNCS = ("step", "late")
+"""``--grad-sync`` choices (:attr:`gnnscale.train.trainer.TrainConfig.grad_sync`)."""
 
 PER_MODEL = frozenset({"lr"})
 """Destinations whose default each command sets for its model (through ``add_section(..., lr=...)``)."""

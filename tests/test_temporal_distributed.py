@@ -143,7 +143,7 @@ WIRE_NODES, WIRE_DIM = 16, 6
 def small_buckets(events: TemporalEvents, runtime, owner) -> dict:
     """The K = 0 run again with gradient buckets of 4 KiB: which bucket each start was, and whether it
     came while the backward ran."""
-    from gnnscale.temporal import gradsum
+    from gnnscale.distributed import gradsum
 
     default, gradsum.BUCKET_BYTES = gradsum.BUCKET_BYTES, 4096
     try:

@@ -64,7 +64,7 @@ from gnnscale import interrupt
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.wire import WIRE_DTYPES
 from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
-from gnnscale.temporal.gradsum import GradientSum
+from gnnscale.distributed.gradsum import GradientSum
 from gnnscale.temporal.memory import MemoryConfig, MemoryView
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats, StepWrites
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig

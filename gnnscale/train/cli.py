@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
-from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, run_command
+from gnnscale.options import GRAD_SYNCS, WIRE_DTYPES, NoEffect, Parser, add_section, run_command
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument("--fanouts", type=fanout_list, default=None, help="neighbours per layer, input side "
                         "first; -1 = all (default: 15,10,5 cut to --num-layers)")
     add_section(parser, "loader", group=loader)
+    add_section(parser, "distributed", group=add_distributed_arguments(parser))
+    add_section(parser, "checkpoint")
+    add_section(parser, "run")
+    return parser
+
+
+def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The options of more than one rank (the shared ones follow from :func:`gnnscale.options.add_section`)."""
     dist = parser.add_argument_group("distributed", "Under 'torchrun --nproc_per_node=K', rank r trains on "
                                      "partition r: of --partitions, or of a folder rank 0 first writes to "
                                      "<out>/partitions. A plain python launch is a world of one.")
@@ -89,15 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "machines): auto = timed on a few steps alone at the start, then re-dealt after every "
                            "epoch from its real steps' busy time; or one weight per rank; default: each rank "
                            "trains its own training nodes")
+    dist.add_argument("--grad-sync", choices=GRAD_SYNCS, default="step",
+                      help="step: each update waits for its own step's gradient sum (DDP, the single-machine "
+                           "step); late: a step's sum runs while the next step computes and each update applies "
+                           "the previous step's sum (one step stale), hiding the network and the ranks' "
+                           "step-to-step jitter")
     dist.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                       help="how remote feature rows (cache fill included) and evaluation's halo embeddings cross "
                            "the wire, d values a row: float32 exact (4d bytes); float16 (2d) within 2^-11 relative, "
                            "beyond +-65504 clamped; bfloat16 (2d) within 2^-8 relative; int8 (d+4) within "
                            "max|row|/254 absolute. GCN degrees stay exact")
-    add_section(parser, "distributed", group=dist)
-    add_section(parser, "checkpoint")
-    add_section(parser, "run")
-    return parser
+    return dist
 
 
 def _not_gat(args: argparse.Namespace, world_size: int) -> bool:
@@ -126,6 +136,7 @@ NO_EFFECT = (
     NoEffect("--wire-dtype", lambda args, world_size: world_size == 1, "a world of one sends no rows over a wire"),
     NoEffect("--topology", lambda args, world_size: world_size == 1, "a world of one holds the whole graph"),
     NoEffect("--rank-capacity", lambda args, world_size: world_size == 1, "a world of one trains every seed"),
+    NoEffect("--grad-sync", lambda args, world_size: world_size == 1, "a world of one sums no gradients"),
     NoEffect("--topology-budget-mb", lambda args, world_size: world_size == 1, "a world of one holds the whole "
              "graph"),
 )
@@ -188,7 +199,7 @@ def build_configs(args: argparse.Namespace):
                                seed=args.seed, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
                                checkpoint_every=args.checkpoint_every, resume=args.resume,
-                               rank_capacity=args.rank_capacity)
+                               rank_capacity=args.rank_capacity, grad_sync=args.grad_sync)
     cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype,
                                topology=args.topology, topology_budget_mb=args.topology_budget_mb)
     return model_config, sampler_config, train_config, cache_config

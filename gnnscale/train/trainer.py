@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,10 @@ from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
+from gnnscale.distributed.gradsum import GradientSum
 from gnnscale.metrics import evaluate
 from gnnscale.nn import GNN, ModelConfig
+from gnnscale.options import GRAD_SYNCS
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader, split_batches
 from gnnscale.pipeline.device import DeviceFeeder
 from gnnscale.progress import Progress
@@ -93,6 +96,11 @@ class TrainConfig:
     rank_capacity: str | None = None
     """``auto`` or ``w0,w1,...``: deal every step's seeds among ranks by speed (:mod:`gnnscale.train.shares`);
     None: each rank trains its own training nodes."""
+    grad_sync: str = "step"
+    """How the ranks' gradients meet (more than one rank): ``step``, each update waits for its own step's
+    sum (DDP, started during the backward): the single-machine step; ``late``, a step's sum runs while
+    the next step computes and each update applies the previous step's sum (one step stale, the last
+    one applied before the epoch ends): the network and the ranks' step-to-step jitter are hidden."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_every", "eval_batch_size"):
@@ -103,6 +111,8 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.grad_sync not in GRAD_SYNCS:
+            raise ValueError(f"--grad-sync must be one of {', '.join(GRAD_SYNCS)}, got {self.grad_sync!r}")
         if self.weight_decay < 0:
             raise ValueError(f"--weight-decay must be >= 0, got {self.weight_decay}")
 
@@ -205,9 +215,16 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank, the global RNG untouched
             torch.manual_seed(config.seed)
             self.module = GNN(model_config, self.features.row_shape[0], part.num_classes).to(self.device)
+        late = config.grad_sync == "late" and runtime.group is not None
         self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
-            if runtime.group is not None else self.module
-        self.grad_clock = GradSumClock(self.model, runtime.group) if runtime.group is not None else None
+            if runtime.group is not None and not late else self.module
+        self.grad_clock = GradSumClock(self.model, runtime.group) if self.model is not self.module else None
+        # --grad-sync late: gradients summed on the training thread's group (the loader's collectives use
+        # the sample group), every update a step late.
+        self.gradients = GradientSum(list(self.module.parameters()), Exchanger(
+            runtime.group, self.rank, self.world_size)) if late else None
+        # DDP averages over ranks, the late sum adds: either way the step's global mean's gradient.
+        self.loss_scale = float(self.world_size) if self.grad_clock is not None else 1.0
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.shares = self._seed_shares()
         self.loader, self.feeder = self._make_pipeline()
@@ -220,6 +237,8 @@ class Trainer:
                             "weight_decay": config.weight_decay, "wire_dtype": self.wire_dtype}
         if config.rank_capacity is not None:  # absent otherwise: earlier checkpoints keep resuming
             self.fingerprint["rank_capacity"] = config.rank_capacity
+        if late:
+            self.fingerprint["grad_sync"] = config.grad_sync
 
     # ------------------------------------------------------------------ set-up
     def _check_pipeline_options(self) -> None:
@@ -402,27 +421,46 @@ class Trainer:
         self.model.train()
         torch.manual_seed(epoch_seed(self.config.seed, epoch, self.rank))
         self.loader.epoch = epoch
-        loss_sum, grad_wait, start = 0.0, 0.0, time.perf_counter()
+        loss_sum, self.grad_wait, start = 0.0, 0.0, time.perf_counter()
+        pending: Callable[[], None] | None = None  # --grad-sync late: the previous step's sum
         with Progress(self.steps, desc=f"epoch {epoch}", enabled=self.show_progress) as progress:
             for step, item in enumerate(self.feeder(self.loader)):
                 logits = self.model(item.batch.blocks, item.x)
                 loss = F.cross_entropy(logits, item.y, reduction="sum")
                 self.optimizer.zero_grad(set_to_none=True)
-                # DDP averages over ranks; scaled so that the average is the gradient of the step's global mean.
                 backward_start = time.perf_counter()
-                (loss * (self.world_size / self.step_seeds[step])).backward()
-                if self.grad_clock is not None:
-                    grad_wait += self.grad_clock.exposed(backward_start)
-                self.optimizer.step()
+                (loss * (self.loss_scale / self.step_seeds[step])).backward()
+                pending = self._update(backward_start, pending)
                 # .item() waits for the device: it keeps the wait/compute split honest on CUDA.
                 loss_sum += loss.item()
                 progress.update()
+        if pending is not None:  # the last step's sum, before evaluation or a checkpoint reads the weights
+            self._late_update(pending)
         seconds, stats = time.perf_counter() - start, self.loader.stats
         times = {"wait_s": stats.wait, "compute_s": seconds - stats.wait, "sample_s": stats.sample,
-                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds, "grad_wait_s": grad_wait}
+                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds, "grad_wait_s": self.grad_wait}
         self.feeder.copy_seconds = 0.0
         total = self.exchanger.all_reduce(torch.tensor([loss_sum], dtype=torch.float64))
         return float(total[0]) / float(self.step_seeds.sum()), times
+
+    def _update(self, backward_start: float, pending: Callable[[], None] | None) -> Callable[[], None] | None:
+        """After a step's backward: the update (``--grad-sync step``, or a world of one), or start this
+        step's sum and apply the previous one's (``late``); returns the sum still running."""
+        if self.gradients is None:
+            if self.grad_clock is not None:
+                self.grad_wait += self.grad_clock.exposed(backward_start)
+            self.optimizer.step()
+            return None
+        started = self.gradients.start_rest()  # copies this step's gradients: the update may replace them
+        if pending is not None:
+            self._late_update(pending)
+        return started
+
+    def _late_update(self, finish: Callable[[], None]) -> None:
+        waited = time.perf_counter()
+        finish()  # the summed gradients become the parameters' own
+        self.grad_wait += time.perf_counter() - waited
+        self.optimizer.step()
 
     # ------------------------------------------------------------------ evaluation
     def _eval_blocks_of_owned(self) -> list[tuple[Block, Tensor]]:

@@ -9,6 +9,9 @@ order, whatever its own backward reaches first.  What the backward leaves (param
 gradient on this rank) is started after it, with zeros and a has-a-gradient flag of 0, so a
 parameter no rank has a gradient for keeps none, exactly as in one process.  Each element is the
 same sum as one all-reduce of every gradient would give: only when it starts differs.
+
+The temporal trainer arms it so that sums start during the backward; node classification's
+``--grad-sync late`` starts them after the backward and waits for them a step later.
 """
 
 from __future__ import annotations
