@@ -399,6 +399,22 @@ def test_pass_stats(graph: Graph, num_workers: int) -> None:
         assert stats.as_dict()["batches"] == 11 and stats.as_dict()["gathered_bytes"] == gathered
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_pass_stats_cpu_seconds_are_the_threads_own(graph: Graph, num_workers: int) -> None:
+    """A sampler that sleeps spends wall time but no CPU: ``sample_cpu`` leaves the sleep out."""
+    def sleepy(seeds: torch.Tensor, rng: np.random.Generator):
+        time.sleep(0.02)
+        return graph.sampler.sample(seeds, rng=rng)
+
+    loader = make_loader(graph, sample=sleepy, num_workers=num_workers)
+    for _ in loader:
+        pass
+    stats = loader.stats
+    assert stats.sample >= 11 * 0.02
+    assert 0 < stats.sample_cpu < stats.sample - 11 * 0.015, (stats.sample_cpu, stats.sample)
+    assert 0 < stats.gather_cpu and stats.as_dict()["gather_cpu_s"] == stats.gather_cpu
+
+
 # ---------------------------------------------------------------------- 9. config validation
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"batch_size": 0}, "batch_size must be >= 1, got 0"),

@@ -98,6 +98,11 @@ class PassStats:
     """Worker time sampling blocks (summed over workers)."""
     gather: float = 0.0
     """Worker time gathering feature rows and labels into buffers (summed over workers)."""
+    sample_cpu: float = 0.0
+    """CPU seconds of the sampling (the thread's own: where several threads share a core, less than
+    ``sample``, which also holds the time others ran)."""
+    gather_cpu: float = 0.0
+    """CPU seconds of the gathering (the thread's own)."""
     gathered_bytes: int = 0
     """Bytes of feature rows gathered."""
     seconds: float = 0.0
@@ -105,6 +110,7 @@ class PassStats:
 
     def as_dict(self) -> dict[str, float]:
         return {"batches": self.batches, "wait_s": self.wait, "sample_s": self.sample, "gather_s": self.gather,
+                "sample_cpu_s": self.sample_cpu, "gather_cpu_s": self.gather_cpu,
                 "gathered_bytes": self.gathered_bytes, "pass_s": self.seconds}
 
 
@@ -218,19 +224,21 @@ class PrefetchLoader:
     # ------------------------------------------------------------------ one batch
     def _prepare(self, index: int, seeds: Tensor, slot: int, epoch: int, stats: PassStats,
                  lock: threading.Lock) -> LoadedBatch:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         batch = self.sample_fn(seeds, rng=batch_rng(self.config.seed, epoch, index, self.config.rank))
-        sampled = time.perf_counter()
+        sampled, cpu_sampled = time.perf_counter(), time.thread_time()
         buffers = self._slots[slot]
         x = None
         if self.config.gather_features:
             batch, x = self._gather_inputs(batch, buffers)
         seeds = batch.seeds if self.first_id == 0 else batch.seeds - self.first_id
         y = gather_rows(self.labels, seeds, buffers.take("labels", seeds.numel(), self.labels))
-        done = time.perf_counter()
+        done, cpu_done = time.perf_counter(), time.thread_time()
         with lock:
             stats.sample += sampled - start
             stats.gather += done - sampled
+            stats.sample_cpu += cpu_sampled - cpu_start
+            stats.gather_cpu += cpu_done - cpu_sampled
             stats.gathered_bytes += 0 if x is None else x.numel() * x.element_size()
         return LoadedBatch(index=index, batch=batch, x=x, y=y, slot=slot)
 

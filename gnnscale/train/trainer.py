@@ -438,7 +438,8 @@ class Trainer:
             self._late_update(pending)
         seconds, stats = time.perf_counter() - start, self.loader.stats
         times = {"wait_s": stats.wait, "compute_s": seconds - stats.wait, "sample_s": stats.sample,
-                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds, "grad_wait_s": self.grad_wait}
+                 "gather_s": stats.gather, "transfer_s": self.feeder.copy_seconds, "grad_wait_s": self.grad_wait,
+                 "sample_cpu_s": stats.sample_cpu, "gather_cpu_s": stats.gather_cpu}
         self.feeder.copy_seconds = 0.0
         total = self.exchanger.all_reduce(torch.tensor([loss_sum], dtype=torch.float64))
         return float(total[0]) / float(self.step_seeds.sum()), times
