@@ -35,11 +35,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
                        "score; 0 = off (the best epoch is kept either way)"),
     "--eval-every": dict(type=int, default=1, help="epochs between evaluations"),
     "--device": dict(default="cpu", help="cpu or cuda[:N]; under torchrun cuda means cuda:<local rank>"),
-    # None: 1, or 0 for a world of one on one core, where a loader thread only competes with training
-    # (1M-node synthetic graph: 2.3 s an epoch with the thread, 1.8 s without).
+    # None: gnnscale.train.cli.default_num_workers (0 where a thread would only compete with training).
     "--num-workers": dict(type=int, default=None, help="loader threads that sample and gather batches ahead of "
-                          "training; 0 = in the training thread (default: 1, or 0 for a world of one on one "
-                          "core)"),
+                          "training; 0 = in the training thread (default: 1, or 0 on one core per rank for a "
+                          "world of one or with --grad-sync late)"),
     "--prefetch": dict(type=int, default=2, help="batches prepared ahead of training (beyond those the workers "
                        "hold)"),
     "--features-on-device": dict(action="store_true", help="keep the whole feature table on the device and send "

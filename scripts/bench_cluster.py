@@ -10,7 +10,8 @@ community-structured synthetic graph (``python -m partition --dataset synthetic`
 10 classes, 10% training nodes), partitioned once per layout; the model is DistDGL's example's
 (GraphSAGE 2 x 16, fanouts 10,25, Adam 0.003, dropout 0.5), one evaluation after the last epoch.
 The baseline trains batches of 2 x ``--batch-size`` seeds, so that its steps are the 2-rank steps
-on the union of both ranks' seeds.
+on the union of both ranks' seeds.  The ``late`` runs sum each step's gradients during the next step
+(``--grad-sync late``: updates one step stale, the accuracy column shows what that costs).
 
 Reported per run (epochs after the first, median over repeats): epoch seconds; scaling
 efficiency ``T1 / (K x TK)``, also against the baseline measured while a copy of it runs on the
@@ -75,6 +76,8 @@ def configurations(rates: list[str]) -> list[Config]:
     late = ["--grad-sync", "late"]
     configs += [Config("10gbit late", 2, "10gbit", late), Config("10gbit cache 256 late", 2, "10gbit",
                                                                  ["--cache-mb", "256", *late])]
+    # With late sums the default has no loader thread on one core; with one it costs more than it hides.
+    configs.append(Config("10gbit late workers 1", 2, "10gbit", [*late, "--num-workers", "1"]))
     configs += [Config(f"1gbit {dtype}", 2, "1gbit", ["--wire-dtype", dtype]) for dtype in ("float16", "bfloat16",
                                                                                             "int8")]
     configs += [Config("1gbit late", 2, "1gbit", late), Config("1gbit int8 late", 2, "1gbit", ["--wire-dtype", "int8",

@@ -90,3 +90,12 @@ def test_bad_grad_sync_is_refused() -> None:
         TrainConfig(grad_sync="never")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--grad-sync", "never"])
+
+
+def test_default_loader_thread_follows_the_gradient_sync() -> None:
+    """One core per rank: a loader thread only where a step would otherwise wait out its gradient sum."""
+    from gnnscale.train.cli import default_num_workers
+
+    assert default_num_workers(1, 1, "step") == 0 and default_num_workers(1, 1, "late") == 0
+    assert default_num_workers(1, 2, "step") == 1 and default_num_workers(1, 2, "late") == 0
+    assert default_num_workers(2, 2, "late") == 1 and default_num_workers(4, 1, "step") == 1

@@ -173,6 +173,15 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def default_num_workers(cores: int, world_size: int, grad_sync: str) -> int:
+    """``--num-workers`` when not given: a loader thread where a rank has a core to spare for it, or where it
+    overlaps waits on peers that each step would otherwise sit out (DDP's per-step gradient sum; 2 emulated
+    machines of 1 core: 1.54 s per epoch with it, 1.76 without).  With ``--grad-sync late`` nothing waits on
+    a step's sum and on one core the thread costs more than the exchanges it hides (the 1M-node graph, 64
+    MiB cache: 1.86 s per epoch without it, 2.19 with; all rows cached: 1.63 and 1.62; medians of 4)."""
+    return 1 if cores >= 2 or (world_size > 1 and grad_sync == "step") else 0
+
+
 def build_configs(args: argparse.Namespace):
     """``(model_config, sampler_config, train_config, cache_config)`` from the command line."""
     from gnnscale.nn import ModelConfig
@@ -183,9 +192,7 @@ def build_configs(args: argparse.Namespace):
         from gnnscale.distributed.env import cores_per_rank, read_env
 
         env = read_env()
-        # One rank alone on one core: a loader thread only competes with training.  With peers it also
-        # overlaps the waits on them (2 emulated machines of 1 core: 1.54 s per epoch with it, 1.76 without).
-        args.num_workers = 1 if cores_per_rank(env) >= 2 or env.world_size > 1 else 0
+        args.num_workers = default_num_workers(cores_per_rank(env), env.world_size, args.grad_sync)
     fanouts = args.fanouts if args.fanouts is not None else \
         list(DEFAULT_FANOUTS[:args.num_layers]) + [DEFAULT_FANOUTS[-1]] * max(0, args.num_layers - 3)
     model_config = ModelConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
