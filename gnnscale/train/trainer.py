@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,7 @@ class Trainer:
             runtime.group, self.rank, self.world_size)) if late else None
         # DDP averages over ranks, the late sum adds: either way the step's global mean's gradient.
         self.loss_scale = float(self.world_size) if self.grad_clock is not None else 1.0
+        self.grad_wait = 0.0  # this epoch's exposed wait for gradient sums
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.shares = self._seed_shares()
         self.loader, self.feeder = self._make_pipeline()
