@@ -51,6 +51,24 @@ def test_layerwise_inference_equals_full_fanout_forward(model, residual):
     torch.testing.assert_close(everything[seeds], direct, atol=1e-5, rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
+@pytest.mark.parametrize("num_seeds", [0, 3])
+def test_every_parameter_gets_a_gradient_when_no_seed_has_an_edge(model, num_seeds):
+    """A rank whose step has no edges (no seeds, or isolated ones) still gives every weight a gradient:
+    DDP without unused-parameter detection fails the next step otherwise (seen with uneven seed shares)."""
+    from gnnscale.batch import Block
+    from gnnscale.nn import GNN
+
+    net = GNN(ModelConfig(model=model, num_layers=2, hidden=16, heads=2), in_dim=8, out_dim=4)
+    ids = torch.arange(num_seeds)
+    blocks = [Block(indptr=torch.zeros(num_seeds + 1, dtype=torch.int64), indices=torch.empty(0, dtype=torch.int64),
+                    src_ids=ids, num_dst=num_seeds) for _ in range(2)]
+    net(blocks, torch.randn(num_seeds, 8)).sum().backward()
+    missing = [name for name, p in net.named_parameters() if p.grad is None]
+    assert not missing, missing
+
+
 def test_training_learns_planted_classes_and_restores_best_epoch():
     data = planted_dataset()
     trainer = local_trainer(

@@ -33,7 +33,9 @@ def spmm_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None) -> Tens
     """``out[v] = sum_{e=(u,v)} w_e * x[u]``: float [num_dst, F] from ``x`` float [num_src, F].
     ``edge_weight`` must not require grad (see module docstring)."""
     if block.num_edges == 0:
-        return x.new_zeros(block.num_dst, x.shape[1])
+        # Zeros that stay in x's autograd graph (an empty slice's sum): DDP without unused-parameter
+        # detection needs every weight that produced x to get a gradient, even a zero one, on every rank.
+        return x.new_zeros(block.num_dst, x.shape[1]) + x[:0].sum(0)
     return adjacency(block, edge_weight, x.dtype) @ x
 
 
