@@ -99,7 +99,7 @@ def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """
     for name, action in _long_options(parser).items():
         value = getattr(args, action.dest, None)
-        if name not in RANGES or value is None or isinstance(value, bool):
+        if name not in RANGES or value is None or isinstance(value, (bool, str)):  # str: a word such as auto
             continue
         low, high, closed = RANGES[name]
         inside = (value >= low if closed else value > low) and (high is None or value < high)

@@ -11,7 +11,7 @@ from gnnscale.train.cli import main
 
 @pytest.mark.parametrize("extra,message", [
     (["--failure-timeout", "0"], "--failure-timeout must be > 0, got 0.0 (default 120.0)"),
-    (["--cache-mb", "-1"], "--cache-mb must be >= 0, got -1.0 (default 64.0)"),
+    (["--cache-mb", "-1"], "--cache-mb must be >= 0, got -1.0 (default auto)"),
     (["--prefetch", "-2"], "--prefetch must be >= 0, got -2 (default 2)"),
 ])
 def test_bad_distributed_options_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -22,6 +22,20 @@ def test_bad_distributed_options_are_one_line_errors(tmp_path: Path, capsys: pyt
     assert err[-1] == f"error: {message}"
     assert not (tmp_path / "run" / "metrics.json").exists()
 
+
+def test_cache_mb_is_auto_or_a_number(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gnnscale.distributed import feature_store
+    from gnnscale.train.cli import build_parser
+
+    assert build_parser().parse_args([]).cache_mb == "auto"
+    assert build_parser().parse_args(["--cache-mb", "256"]).cache_mb == 256.0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--cache-mb", "lots"])
+    assert exit_info.value.code == 2
+    assert "--cache-mb 'lots' is neither auto nor a number of MiB, e.g. 256" in capsys.readouterr().err
+    # auto: a quarter of the available memory, shared among the machine's ranks.
+    monkeypatch.setattr(feature_store.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 8 * 2**30}))
+    assert feature_store.auto_cache_mb(1) == 2048.0 and feature_store.auto_cache_mb(4) == 512.0
 
 def test_missing_partition_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--partitions", str(tmp_path / "absent"), "--out", str(tmp_path / "run")]) == 2

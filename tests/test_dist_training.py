@@ -369,6 +369,7 @@ def test_trainer_rejects_bad_settings(one_part: Any, argv: list[str], split: int
 
 @pytest.mark.parametrize("config,field,value,message", [
     ("cache", "cache_mb", -1.0, r"--cache-mb must be >= 0, got -1.0"),
+    ("cache", "cache_mb", "all", r"--cache-mb must be a number of MiB or auto, got 'all'"),
     ("cache", "cache_policy", "lru", r"--cache-policy must be one of auto, degree, presample, vip, got 'lru'"),
     ("train", "prefetch", -2, r"--prefetch must be >= 0, got -2"),
     ("train", "checkpoint_every", -1, r"--checkpoint-every must be >= 0, got -1"),

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 from torch import Tensor
 
@@ -368,6 +369,16 @@ def edge_source_counts(indices: np.ndarray, start: int, end: int) -> tuple[Tenso
     ids, inverse = np.unique(every, return_inverse=True)
     counts = np.bincount(inverse, weights=weights, minlength=ids.shape[0]).astype(np.int64)
     return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(counts)
+
+
+AUTO_CACHE_MEMORY_SHARE = 0.25
+"""``--cache-mb auto``: the share of the memory available at start that one machine's ranks may cache."""
+
+
+def auto_cache_mb(local_ranks: int) -> float:
+    """``--cache-mb auto``'s budget per rank, in MiB: a quarter of the memory available now, split among the
+    ``local_ranks`` ranks of this machine."""
+    return psutil.virtual_memory().available * AUTO_CACHE_MEMORY_SHARE / max(1, local_ranks) / 2**20
 
 
 def cache_rows_for(cache_mb: float, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:

@@ -28,6 +28,17 @@ def fanout_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--fanouts {text!r} is not a comma-separated list of integers, e.g. 15,10,5")
 
 
+def cache_size(text: str) -> float | str:
+    """``--cache-mb``: auto, or a number of MiB (its range is checked with the other numeric options)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cache-mb {text!r} is neither auto nor a number of MiB, e.g. 256") \
+            from None
+
+
 def rank_capacity(text: str) -> str:
     """``--rank-capacity``: auto, or positive numbers (their count is checked against the world size)."""
     if text != "auto":
@@ -80,7 +91,10 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._Argu
                                      "<out>/partitions. A plain python launch is a world of one.")
     dist.add_argument("--partitions", type=Path, default=None, help="folder from 'python -m partition "
                       "--num-parts K' (the dataset options are then not used)")
-    dist.add_argument("--cache-mb", type=float, default=64.0, help="MiB of remote feature rows cached per rank")
+    dist.add_argument("--cache-mb", type=cache_size, default="auto", metavar="auto|MIB",
+                      help="MiB of remote feature rows cached per rank (0: none); auto = every row --cache-policy "
+                           "ranks (vip: every remote row a batch can reach, so batches make no exchange) while "
+                           "they fit a quarter of the memory available at start, shared among the machine's ranks")
     dist.add_argument("--cache-policy", choices=("auto", "degree", "presample", "vip"), default="auto",
                       help="which remote rows to cache: degree = the nodes with most in-edges to owned nodes; "
                            "presample = those most requested while sampling a few batches first; vip = those most "

@@ -42,7 +42,7 @@ from gnnscale.distributed import wire
 from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
-from gnnscale.distributed.feature_store import DistTable, cache_rows_for, edge_source_counts
+from gnnscale.distributed.feature_store import DistTable, auto_cache_mb, cache_rows_for, edge_source_counts
 from gnnscale.distributed.gradsum import GradientSum
 from gnnscale.metrics import evaluate
 from gnnscale.nn import GNN, ModelConfig
@@ -124,8 +124,10 @@ CACHE_POLICIES = ("auto", "degree", "presample", "vip")
 class CacheConfig:
     """Which remote feature rows each rank keeps, and how remote rows travel (more than one rank only)."""
 
-    cache_mb: float = 64.0
-    """MiB of remote feature rows each rank caches (0 disables the cache)."""
+    cache_mb: float | str = "auto"
+    """MiB of remote feature rows each rank caches (0 disables the cache), or ``auto``: every row the policy
+    ranks (with vip: every remote row a batch can reach) while they fit a quarter of the memory available
+    at start, shared among the machine's ranks (:func:`~gnnscale.distributed.feature_store.auto_cache_mb`)."""
     cache_policy: str = "auto"
     """``degree`` (most frequent sources of owned nodes' in-edges), ``presample`` (most requested
     while sampling ``presample_batches`` mini-batches), ``vip`` (highest probability of being a batch's
@@ -150,7 +152,9 @@ class CacheConfig:
             raise ValueError(f"--topology must be auto, partitioned or replicated, got {self.topology!r}")
         if self.topology_budget_mb < 0:
             raise ValueError(f"--topology-budget-mb must be >= 0, got {self.topology_budget_mb}")
-        if self.cache_mb < 0:
+        if isinstance(self.cache_mb, str) and self.cache_mb != "auto":
+            raise ValueError(f"--cache-mb must be a number of MiB or auto, got {self.cache_mb!r}")
+        if not isinstance(self.cache_mb, str) and not self.cache_mb >= 0:
             raise ValueError(f"--cache-mb must be >= 0, got {self.cache_mb}")
         if self.cache_policy not in CACHE_POLICIES:
             raise ValueError(f"--cache-policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}")
@@ -301,7 +305,8 @@ class Trainer:
         if self.world_size == 1:
             return
         self.features.use_id_map = self.replicated  # whole-graph arrays are held then anyway
-        rows = cache_rows_for(cache.cache_mb, self.features.row_shape, self.features.rows.dtype)
+        budget_mb = auto_cache_mb(self.runtime.env.local_world_size) if cache.cache_mb == "auto" else cache.cache_mb
+        rows = cache_rows_for(budget_mb, self.features.row_shape, self.features.rows.dtype)
         policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if self.replicated else "degree"
         candidates, counts = self.halo_ids, self._halo_counts
         if policy == "presample" and rows:
@@ -315,9 +320,10 @@ class Trainer:
         whole = policy == "vip" and rows >= candidates.numel()
         self.features.cache_complete = bool(self.exchanger.all_reduce(torch.tensor([int(whole)]),
                                                                       op=dist.ReduceOp.MIN)[0])
-        log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB, %s)",
+        log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB of %s, %s)",
                  self.rank, self.end - self.start, self.graph.indices.size, self.halo_ids.numel(),
                  self.features.cache_ids.numel(), self.features.cache_bytes / 2**20,
+                 f"{budget_mb:.0f} MiB" + (" auto" if cache.cache_mb == "auto" else ""),
                  policy + (", every reachable remote row: batches make no exchange" if self.features.cache_complete
                            else ""))
 
