@@ -253,13 +253,16 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shaped = [r for r in results if r["machines"] == 2 and not r["slow_machines"] and r["rate"] != "-"]
-    variants = sorted({" ".join(r["extra"]) or DEFAULTS_LABEL for r in shaped})
+    def variant(r: dict) -> str:
+        return " ".join(r["extra"]) or DEFAULTS_LABEL
+
+    variants = sorted({variant(r) for r in shaped})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for variant in variants:
-        rows = sorted((r for r in shaped if (" ".join(r["extra"]) or DEFAULTS_LABEL) == variant),
+    for label in variants:
+        rows = sorted((r for r in shaped if variant(r) == label),
                       key=lambda r: -_gbit(r["rate"]))
-        left.plot([_gbit(r["rate"]) for r in rows], [r["epoch_s"] for r in rows], "o-", label=variant)
-        right.plot([_gbit(r["rate"]) for r in rows], [r["efficiency"] for r in rows], "o-", label=variant)
+        left.plot([_gbit(r["rate"]) for r in rows], [r["epoch_s"] for r in rows], "o-", label=label)
+        right.plot([_gbit(r["rate"]) for r in rows], [r["efficiency"] for r in rows], "o-", label=label)
     base = next(r for r in results if r["name"] == "base")
     left.axhline(base["epoch_s"], color="grey", ls="--", label="1 machine")
     right.axhline(0.8, color="grey", ls="--", label="target 0.80")

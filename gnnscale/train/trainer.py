@@ -305,7 +305,8 @@ class Trainer:
         if self.world_size == 1:
             return
         self.features.use_id_map = self.replicated  # whole-graph arrays are held then anyway
-        budget_mb = auto_cache_mb(self.runtime.env.local_world_size) if cache.cache_mb == "auto" else cache.cache_mb
+        auto = cache.cache_mb == "auto"
+        budget_mb = auto_cache_mb(self.runtime.env.local_world_size) if auto else cache.cache_mb
         rows = cache_rows_for(budget_mb, self.features.row_shape, self.features.rows.dtype)
         policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if self.replicated else "degree"
         candidates, counts = self.halo_ids, self._halo_counts
@@ -323,7 +324,7 @@ class Trainer:
         log.info("rank %d: %d owned nodes, %d in-edges, %d halo nodes, feature cache %d rows (%.1f MiB of %s, %s)",
                  self.rank, self.end - self.start, self.graph.indices.size, self.halo_ids.numel(),
                  self.features.cache_ids.numel(), self.features.cache_bytes / 2**20,
-                 f"{budget_mb:.0f} MiB" + (" auto" if cache.cache_mb == "auto" else ""),
+                 f"{budget_mb:.0f} MiB" + (" auto" if auto else ""),
                  policy + (", every reachable remote row: batches make no exchange" if self.features.cache_complete
                            else ""))
 
