@@ -22,6 +22,10 @@ validation AP as TGN computes it (averaged per batch of 200 positives and 200 ne
 reference's ``val_aps``, our ``val_ap_per_batch``).  The test AP is each side's final figure (the
 reference: the model after the last epoch; ours: the best epoch by validation AP).  Targets:
 our epoch <= 0.33x the reference's, and our AP within 0.005 of its AP after every epoch.
+With ``--runs N`` each side trains N times (the reference's own ``--n_runs N``, which continues
+its random state from run to run; ours with ``--seed`` 0..N-1) and the comparison is between the
+means over runs after each epoch, reported with their spread: on a small stream one run of either
+side moves by more than 0.005 from run to run.
 Writes ``runs/bench_tgn_reference.json`` and prints a Markdown table.
 """
 
@@ -69,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", default="wikipedia,collegemsg", help="comma-separated: wikipedia, collegemsg")
     parser.add_argument("--data-root", type=Path, default=ROOT.parent / "shared" / "datasets")
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=1, help="training runs of each side; AP compared as means over runs")
     parser.add_argument("--our-args", default="", help="further train_temporal.py options for our side, e.g. "
                         "\"--train-negatives train\"")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side")
@@ -120,31 +125,53 @@ def run(label: str, cmd: list[str], log: Path, cwd: Path, threads: int, timeout:
 def reference_run(args: argparse.Namespace, events, folder: Path) -> dict:
     write_reference_input(events, folder)
     script = args.reference.resolve() / "train_self_supervised.py"
-    options = ["-d", events.name, "--use_memory", "--n_epoch", str(args.epochs), "--prefix", "gnnscale-bench"]
-    wall = run(f"reference: {script} {' '.join(options)}", [sys.executable, "-c", WRAPPER, str(args.threads),
-               str(script), *options], folder / "reference.log", folder, args.threads, args.timeout)
-    with open(folder / "results" / "gnnscale-bench.pkl", "rb") as f:
-        found = _Results(f).load()
-    return {"epoch_seconds": [float(x) for x in found["epoch_times"]],
-            "val_ap_per_batch": [float(x) for x in found["val_aps"]],
-            "val_ap_inductive_per_batch": [float(x) for x in found["new_nodes_val_aps"]],
-            "test_ap_per_batch": float(found["test_ap"]), "test_ap_inductive_per_batch": float(found["new_node_test_ap"]),
-            "wall_seconds": wall}
+    options = ["-d", events.name, "--use_memory", "--n_epoch", str(args.epochs), "--prefix", "gnnscale-bench",
+               "--n_runs", str(args.runs)]
+    run(f"reference: {script} {' '.join(options)}", [sys.executable, "-c", WRAPPER, str(args.threads),
+        str(script), *options], folder / "reference.log", folder, args.threads, args.timeout)
+    runs = []
+    for i in range(args.runs):  # its run i > 0 writes <prefix>_<i>.pkl
+        with open(folder / "results" / ("gnnscale-bench.pkl" if i == 0 else f"gnnscale-bench_{i}.pkl"), "rb") as f:
+            found = _Results(f).load()
+        runs.append({"epoch_seconds": [float(x) for x in found["epoch_times"]],
+                     "val_ap_per_batch": [float(x) for x in found["val_aps"]],
+                     "val_ap_inductive_per_batch": [float(x) for x in found["new_nodes_val_aps"]],
+                     "test_ap_per_batch": float(found["test_ap"]),
+                     "test_ap_inductive_per_batch": float(found["new_node_test_ap"])})
+    return summarise(runs)
 
 
 def our_run(args: argparse.Namespace, name: str, folder: Path) -> dict:
-    out = folder / "ours"
-    cmd = [str(ROOT / "scripts" / "train_temporal.py"), "--dataset", name, "--data-dir", str(args.data_root / name),
-           "--batch-size", "200", "--neighbor-cutoff", "event", "--no-edge-features", "--epochs", str(args.epochs),
-           "--patience", "0", "--out", str(out), *shlex.split(args.our_args)]
-    wall = run(f"ours: {' '.join(cmd)}", [sys.executable, *cmd], folder / "ours.log", ROOT, args.threads, args.timeout)
-    metrics = json.loads((out / "metrics.json").read_text())
-    return {"epoch_seconds": [e["train_seconds"] for e in metrics["history"]],
-            "val_ap_per_batch": [e["val_ap_per_batch"] for e in metrics["history"]],
-            "val_ap_inductive_per_batch": [e["val_ap_per_batch_inductive"] for e in metrics["history"]],
-            "test_ap_per_batch": metrics["test_ap_per_batch"],
-            "test_ap_inductive_per_batch": metrics["test_ap_per_batch_inductive"],
-            "best_epoch": metrics["best_epoch"], "wall_seconds": wall}
+    runs = []
+    for seed in range(args.runs):
+        out = folder / ("ours" if args.runs == 1 else f"ours-seed{seed}")
+        cmd = [str(ROOT / "scripts" / "train_temporal.py"), "--dataset", name, "--data-dir",
+               str(args.data_root / name), "--batch-size", "200", "--neighbor-cutoff", "event", "--no-edge-features",
+               "--epochs", str(args.epochs), "--patience", "0", "--seed", str(seed), "--out", str(out),
+               *shlex.split(args.our_args)]
+        run(f"ours: {' '.join(cmd)}", [sys.executable, *cmd], out.with_suffix(".log"), ROOT, args.threads,
+            args.timeout)
+        metrics = json.loads((out / "metrics.json").read_text())
+        runs.append({"epoch_seconds": [e["train_seconds"] for e in metrics["history"]],
+                     "val_ap_per_batch": [e["val_ap_per_batch"] for e in metrics["history"]],
+                     "val_ap_inductive_per_batch": [e["val_ap_per_batch_inductive"] for e in metrics["history"]],
+                     "test_ap_per_batch": metrics["test_ap_per_batch"],
+                     "test_ap_inductive_per_batch": metrics["test_ap_per_batch_inductive"],
+                     "best_epoch": metrics["best_epoch"], "seed": seed})
+    return summarise(runs)
+
+
+def summarise(runs: list[dict]) -> dict:
+    """One side over its runs: every run, the epoch seconds pooled, and per epoch the mean AP and its spread."""
+    def mean(key: str) -> list[float]:
+        return [statistics.fmean(epoch) for epoch in zip(*(r[key] for r in runs))]
+
+    return {"runs": runs, "epoch_seconds": [s for r in runs for s in r["epoch_seconds"]],
+            "val_ap_per_batch": mean("val_ap_per_batch"),
+            "val_ap_per_batch_std": [statistics.pstdev(epoch) for epoch in zip(*(r["val_ap_per_batch"] for r in runs))],
+            "val_ap_inductive_per_batch": mean("val_ap_inductive_per_batch"),
+            "test_ap_per_batch": statistics.fmean(r["test_ap_per_batch"] for r in runs),
+            "test_ap_inductive_per_batch": statistics.fmean(r["test_ap_inductive_per_batch"] for r in runs)}
 
 
 def compare(ours: dict, reference: dict) -> dict:
@@ -160,7 +187,8 @@ def table(results: dict) -> str:
     for name, found in results.items():
         for side in ("ours", "reference"):
             row = found[side]
-            aps = " / ".join(f"{x:.4f}" for x in row["val_ap_per_batch"])
+            aps = " / ".join(f"{x:.4f}" + (f" ± {s:.4f}" if len(row["runs"]) > 1 else "")
+                             for x, s in zip(row["val_ap_per_batch"], row["val_ap_per_batch_std"]))
             lines.append(f"| {name} | {side} | {statistics.median(row['epoch_seconds']):.1f} | {aps} | "
                          f"{row['test_ap_per_batch']:.4f} ({row['test_ap_inductive_per_batch']:.4f}) |")
         verdict = found["comparison"]
@@ -178,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.reference} has no train_self_supervised.py; pass a checkout of twitter-research/tgn "
               "(commit d55bbe6) as --reference", file=sys.stderr)
         return 2
-    if not names or not set(names) <= {"wikipedia", "collegemsg"} or args.epochs < 1 or args.threads < 1:
-        print("error: --datasets takes wikipedia and/or collegemsg; --epochs and --threads must be >= 1",
+    if not names or not set(names) <= {"wikipedia", "collegemsg"} or min(args.epochs, args.threads, args.runs) < 1:
+        print("error: --datasets takes wikipedia and/or collegemsg; --epochs, --threads and --runs must be >= 1",
               file=sys.stderr)
         return 2
     from gnnscale.data.temporal import load_temporal
@@ -194,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = found
         print(f"[bench] {name}: epoch ratio {found['comparison']['epoch_time_ratio']:.2f}, val AP gaps "
               f"{[round(g, 4) for g in found['comparison']['val_ap_gaps']]}", flush=True)
-    result = {"epochs": args.epochs, "threads": args.threads, "our_args": args.our_args, "reference": str(args.reference),
+    result = {"epochs": args.epochs, "runs": args.runs, "threads": args.threads, "our_args": args.our_args, "reference": str(args.reference),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "timed": "training only, per epoch",
               "datasets": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
