@@ -69,21 +69,29 @@ def configurations(rates: list[str]) -> list[Config]:
     """The runs, in order.  The 2-machine defaults are the replicated topology with the vip cache of
     ``--cache-mb auto`` (every remote row a batch can reach: batches make no exchange); ``cache 64`` is
     the old fixed default, a cache too small for that (as on a graph whose reachable rows exceed the
-    memory budget), where feature rows cross the wire every step and ``--wire-dtype`` matters;
+    memory budget), where feature rows cross the wire every step and ``--wire-dtype`` matters; ``cache 0``
+    has no cache at all;
     ``partitioned`` is the layout before the replicated topology existed."""
     configs = [Config("base", 1, None), Config("base busy host", 1, None, contended=True),
                Config("10gbit partitioned", 2, "10gbit", ["--topology", "partitioned", "--cache-policy", "degree"])]
     configs += [Config(rate, 2, rate) for rate in rates]
-    bounded, late = ["--cache-mb", "64"], ["--grad-sync", "late"]  # late: the sum runs while the next step computes
+    bounded, none = ["--cache-mb", "64"], ["--cache-mb", "0"]
+    late = ["--grad-sync", "late"]  # the sum runs while the next step computes
+    int8 = ["--wire-dtype", "int8"]
     configs += [Config("10gbit cache 64", 2, "10gbit", bounded), Config("10gbit late", 2, "10gbit", late),
                 Config("10gbit cache 64 late", 2, "10gbit", [*bounded, *late]),
                 Config("1gbit cache 64", 2, "1gbit", bounded)]
     configs += [Config(f"1gbit cache 64 {dtype}", 2, "1gbit", [*bounded, "--wire-dtype", dtype])
                 for dtype in ("bfloat16", "int8")]
     configs += [Config("1gbit cache 64 late", 2, "1gbit", [*bounded, *late]),
-                Config("1gbit cache 64 int8 late", 2, "1gbit", [*bounded, "--wire-dtype", "int8", *late]),
+                Config("1gbit cache 64 int8 late", 2, "1gbit", [*bounded, *int8, *late]),
+                # No cache at all (features too large for any cache, or --cache-mb 0): every remote row of
+                # every batch crosses the wire, where the wire dtype decides the most.
+                Config("1gbit cache 0", 2, "1gbit", none), Config("1gbit cache 0 int8", 2, "1gbit", [*none, *int8]),
+                Config("1gbit cache 0 late", 2, "1gbit", [*none, *late]),
+                Config("1gbit cache 0 int8 late", 2, "1gbit", [*none, *int8, *late]),
                 Config("100mbit cache 64", 2, "100mbit", bounded),
-                Config("100mbit cache 64 int8", 2, "100mbit", [*bounded, "--wire-dtype", "int8"]),
+                Config("100mbit cache 64 int8", 2, "100mbit", [*bounded, *int8]),
                 Config("10gbit slow m1", 2, "10gbit", slow=(1,)),
                 Config("10gbit slow m1 capacity auto", 2, "10gbit", ["--rank-capacity", "auto"], slow=(1,)),
                 Config("10gbit slow m1 parts 2-1", 2, "10gbit", slow=(1,), parts="2,1"),
