@@ -63,6 +63,8 @@ class Config:
     contended: bool = False
     """A copy of the same single-rank job runs meanwhile on the host's other core: the share of memory
     bandwidth and cache two emulated machines on one host take from each other."""
+    baseline: str = "base"
+    """The 1-machine run this run's efficiency, CPU ratio and accuracy change are taken against."""
 
 
 def configurations(rates: list[str]) -> list[Config]:
@@ -99,7 +101,17 @@ def configurations(rates: list[str]) -> list[Config]:
                 Config("10gbit slow m1 cache 64", 2, "10gbit", bounded, slow=(1,)),
                 Config("10gbit slow m1 capacity auto cache 64", 2, "10gbit", ["--rank-capacity", "auto", *bounded],
                        slow=(1,))]
+    # Rank count: machines of half a core each (a CPU quota), so that 4 of them fit the 2-core host as
+    # 2 of 1 core do; efficiency against 1 machine of half a core.
+    configs += [Config(f"half-core {n} machines", n, "10gbit" if n > 1 else None, slow=tuple(range(n)),
+                       baseline="half-core 1 machines") for n in (1, 2, 4)]
     return configs
+
+
+def select(configs: list[Config], only: set[str]) -> list[Config]:
+    """The runs named in ``only`` (all where empty) and the 1-machine baseline each is measured against."""
+    keep = only | {c.baseline for c in configs if c.name in only}
+    return [c for c in configs if not only or c.name in keep]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +154,7 @@ def partition(args: argparse.Namespace, parts: int, weights: str = "") -> Path:
 def run_config(config: Config, args: argparse.Namespace) -> dict:
     parts = partition(args, config.machines, config.parts)
     out = args.workdir / config.name.replace(" ", "-").replace(",", "")
-    batch = args.batch_size * (2 if config.machines == 1 else 1)
+    batch = max(1, args.batch_size * 2 // config.machines)  # the global batch is 2 x --batch-size throughout
     command = [str(ROOT / "scripts" / "train_node_classification.py"), "--partitions", str(parts), "--out", str(out),
                *MODEL_ARGS, "--batch-size", str(batch), "--epochs", str(args.epochs), "--eval-every",
                str(args.epochs), "--seed", str(args.seed), "--quiet", *config.extra]
@@ -178,7 +190,7 @@ def summarise(config: Config, metrics: dict) -> dict:
         return statistics.median(h.get(key, default) for h in steady)
 
     return {"name": config.name, "machines": config.machines, "rate": config.rate or "-", "extra": config.extra,
-            "slow_machines": list(config.slow), "epoch_s": median("epoch_seconds"),
+            "slow_machines": list(config.slow), "baseline": config.baseline, "epoch_s": median("epoch_seconds"),
             "cpu_s": median("cpu_s_all_ranks"), "mib_sent": median("bytes_sent") / 2**20,
             "wait_ms_per_step": 1000 * median("wait_s") / steps,
             "exchange_ms_per_step": 1000 * median("exchange_s") / steps,
@@ -198,9 +210,10 @@ def combine(repeats: list[dict]) -> dict:
 
 
 def add_ratios(results: list[dict]) -> None:
-    base = next(r for r in results if r["name"] == "base")
-    contended = next((r for r in results if r["name"] == "base busy host"), base)
+    by = {r["name"]: r for r in results}
     for r in results:
+        base = by[r.get("baseline", "base")]
+        contended = by["base busy host"] if base["name"] == "base" and "base busy host" in by else base
         r["efficiency"] = base["epoch_s"] / (r["machines"] * r["epoch_s"])
         r["efficiency_vs_contended"] = contended["epoch_s"] / (r["machines"] * r["epoch_s"])
         r["cpu_ratio"] = r["cpu_s"] / base["cpu_s"]
@@ -265,14 +278,15 @@ def plot(results: list[dict], path: Path) -> None:
         return " ".join(r["extra"]) or DEFAULTS_LABEL
 
     variants = sorted({variant(r) for r in shaped})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right, ranks) = plt.subplots(1, 3, figsize=(15, 4))
     for label in variants:
         rows = sorted((r for r in shaped if variant(r) == label),
                       key=lambda r: -_gbit(r["rate"]))
         left.plot([_gbit(r["rate"]) for r in rows], [r["epoch_s"] for r in rows], "o-", label=label)
         right.plot([_gbit(r["rate"]) for r in rows], [r["efficiency"] for r in rows], "o-", label=label)
-    base = next(r for r in results if r["name"] == "base")
-    left.axhline(base["epoch_s"], color="grey", ls="--", label="1 machine")
+    base = next((r for r in results if r["name"] == "base"), None)
+    if base is not None:
+        left.axhline(base["epoch_s"], color="grey", ls="--", label="1 machine")
     right.axhline(0.8, color="grey", ls="--", label="target 0.80")
     for axis, label in ((left, "epoch seconds"), (right, "scaling efficiency T1 / (2 T2)")):
         axis.set_xscale("log")
@@ -280,9 +294,25 @@ def plot(results: list[dict], path: Path) -> None:
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
     left.legend(fontsize=7)
-    fig.suptitle("gnnscale, 2 emulated machines of 1 core (synthetic graph, SAGE 2x16)")
+    plot_rank_count(ranks, results)
+    fig.suptitle("gnnscale on emulated machines (1M-node synthetic graph, SAGE 2x16): 2 of 1 core each against 1, "
+                 "and 1, 2, 4 of half a core")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_rank_count(axis, results: list[dict]) -> None:
+    """Speedup and efficiency against the number of machines of half a core each (the host has 2 cores)."""
+    scaling = sorted((r for r in results if r["name"].startswith("half-core")), key=lambda r: r["machines"])
+    if scaling:
+        machines = [r["machines"] for r in scaling]
+        axis.plot(machines, [r["efficiency"] for r in scaling], "o-", label="scaling efficiency T1 / (K TK)")
+        axis.plot(machines, [scaling[0]["epoch_s"] / r["epoch_s"] for r in scaling], "s-", label="speedup T1 / TK")
+        axis.set_xticks(machines)
+        axis.legend(fontsize=7)
+    axis.axhline(0.8, color="grey", ls="--")
+    axis.set_xlabel("machines of half a core, 10 Gbit/s")
+    axis.grid(alpha=0.3)
 
 
 def _gbit(rate: str) -> float:
@@ -302,8 +332,7 @@ def main() -> int:
         print("error: the plot needs matplotlib; install it with: pip install -e .[bench]", file=sys.stderr)
         return 2
     rates = [r for r in args.rates.split(",") if r]
-    only = {n.strip() for n in args.only.split(",") if n.strip()}
-    configs = [c for c in configurations(rates) if not only or c.name in only or c.name == "base"]
+    configs = select(configurations(rates), {n.strip() for n in args.only.split(",") if n.strip()})
     args.workdir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {c.name: [] for c in configs}
     for repeat in range(args.repeats):

@@ -50,3 +50,15 @@ def test_the_wire_verdict_takes_the_best_pair_and_checks_accuracy():
     results[-1]["val_delta"] = -0.006  # as fast, but the accuracy moved too far
     [line] = [v for v in bench.verdicts(results) if v.startswith("1 Gbit/s")]
     assert line.endswith("NOT met")
+
+
+def test_only_keeps_each_runs_own_baseline():
+    bench = load_bench()
+    configs = bench.configurations(["10gbit"])
+    picked = bench.select(configs, {"half-core 4 machines"})
+    assert [c.name for c in picked] == ["half-core 4 machines", "half-core 1 machines"][::-1]
+    assert [c.name for c in bench.select(configs, {"10gbit"})] == ["base", "10gbit"]
+    assert len(bench.select(configs, set())) == len(configs)
+    four = picked[-1]
+    assert four.slow == (0, 1, 2, 3) and four.machines == 4  # every machine at half a core, as its baseline
+    assert picked[0].slow == (0,) and picked[0].machines == 1
