@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,3 +64,16 @@ def test_only_keeps_each_runs_own_baseline():
     four = picked[-1]
     assert four.slow == (0, 1, 2, 3) and four.machines == 4  # every machine at half a core, as its baseline
     assert picked[0].slow == (0,) and picked[0].machines == 1
+
+
+def test_the_plot_draws_the_panels_whose_runs_exist(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib: pip install -e .[bench]")
+    bench = load_bench()
+    results = [row(f"half-core {n} machines", 5.0 / (0.8 * n) if n > 1 else 5.0, 0.95, [], rate="10gbit")
+               | {"machines": n, "baseline": "half-core 1 machines"} for n in (1, 2, 4)]
+    bench.add_ratios(results)
+    assert [round(r["efficiency"], 6) for r in results] == [1.0, 0.8, 0.8]
+    bench.plot(results, tmp_path / "ranks.png")
+    assert (tmp_path / "ranks.png").stat().st_size > 1000
+    bench.plot([], tmp_path / "none.png")  # nothing to draw: no file
+    assert not (tmp_path / "none.png").exists()
