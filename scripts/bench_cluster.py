@@ -5,14 +5,14 @@
 
 Every run is real multi-node torchrun through :mod:`gnnscale.distributed.emulated` (one network
 namespace per machine, its egress shaped with tc tbf, its processes pinned to its own cores): the
-baseline is 1 rank on 1 core, most other runs 2 "machines" of 1 core each; the ``half-core`` runs are
-1, 2 and 4 machines of half a core each (a CPU quota), measured against their own 1-machine run.  The graph is the
-community-structured synthetic graph (``python -m partition --dataset synthetic``, 100 features,
+baseline is 1 rank on 1 core, most other runs 2 "machines" of 1 core each; the ``half-core`` runs
+are 1, 2 and 4 machines of half a core each (a CPU quota), measured against their own 1-machine
+run.  The graph is the community-structured synthetic graph (``python -m partition --dataset synthetic``, 100 features,
 10 classes, 10% training nodes), partitioned once per layout; the model is DistDGL's example's
 (GraphSAGE 2 x 16, fanouts 10,25, Adam 0.003, dropout 0.5), one evaluation after the last epoch.
-The global batch is 2 x ``--batch-size`` seeds at every machine count, so that every run's steps are
-the 1-machine steps on the union of the ranks' seeds.  The ``late`` runs sum each step's gradients during the next step
-(``--grad-sync late``: updates one step stale, the accuracy column shows what that costs).
+The global batch is 2 x ``--batch-size`` seeds at every machine count, so that every run's steps
+are the 1-machine steps on the union of the ranks' seeds.  The ``late`` runs sum each step's
+gradients during the next step (``--grad-sync late``: updates one step stale, the accuracy column shows what that costs).
 
 Reported per run (epochs after the first, median over repeats): epoch seconds; scaling
 efficiency ``T1 / (K x TK)``, also against the baseline measured while a copy of it runs on the
@@ -111,6 +111,10 @@ def configurations(rates: list[str]) -> list[Config]:
 
 def select(configs: list[Config], only: set[str]) -> list[Config]:
     """The runs named in ``only`` (all where empty) and the 1-machine baseline each is measured against."""
+    unknown = sorted(only - {c.name for c in configs})
+    if unknown:
+        raise ValueError(f"--only names no run called {unknown[0]!r}; the runs are: "
+                         + ", ".join(c.name for c in configs))
     keep = only | {c.baseline for c in configs if c.name in only}
     return [c for c in configs if not only or c.name in keep]
 
@@ -331,17 +335,17 @@ def _gbit(rate: str) -> float:
 
 def main() -> int:
     args = build_parser().parse_args()
+    rates = [r for r in args.rates.split(",") if r]
     try:
+        configs = select(configurations(rates), {n.strip() for n in args.only.split(",") if n.strip()})
         check_host()
         import matplotlib  # noqa: F401  (fail before the runs, not after them)
-    except ClusterError as error:
+    except (ValueError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except ImportError:
         print("error: the plot needs matplotlib; install it with: pip install -e .[bench]", file=sys.stderr)
         return 2
-    rates = [r for r in args.rates.split(",") if r]
-    configs = select(configurations(rates), {n.strip() for n in args.only.split(",") if n.strip()})
     args.workdir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {c.name: [] for c in configs}
     for repeat in range(args.repeats):

@@ -77,3 +77,9 @@ def test_the_plot_draws_the_panels_whose_runs_exist(tmp_path):
     assert (tmp_path / "ranks.png").stat().st_size > 1000
     bench.plot([], tmp_path / "none.png")  # nothing to draw: no file
     assert not (tmp_path / "none.png").exists()
+
+
+def test_only_with_an_unknown_run_is_an_error_naming_it():
+    bench = load_bench()
+    with pytest.raises(ValueError, match=r"--only names no run called '10 gbit'; the runs are: base, base busy host"):
+        bench.select(bench.configurations(["10gbit"]), {"10gbit", "10 gbit"})
