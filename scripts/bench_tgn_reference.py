@@ -163,13 +163,13 @@ def our_run(args: argparse.Namespace, name: str, folder: Path) -> dict:
 
 def summarise(runs: list[dict]) -> dict:
     """One side over its runs: every run, the epoch seconds pooled, and per epoch the mean AP and its spread."""
-    def mean(key: str) -> list[float]:
-        return [statistics.fmean(epoch) for epoch in zip(*(r[key] for r in runs))]
+    def per_epoch(key: str, statistic=statistics.fmean) -> list[float]:
+        return [statistic(epoch) for epoch in zip(*(r[key] for r in runs))]
 
     return {"runs": runs, "epoch_seconds": [s for r in runs for s in r["epoch_seconds"]],
-            "val_ap_per_batch": mean("val_ap_per_batch"),
-            "val_ap_per_batch_std": [statistics.pstdev(epoch) for epoch in zip(*(r["val_ap_per_batch"] for r in runs))],
-            "val_ap_inductive_per_batch": mean("val_ap_inductive_per_batch"),
+            "val_ap_per_batch": per_epoch("val_ap_per_batch"),
+            "val_ap_per_batch_std": per_epoch("val_ap_per_batch", statistics.pstdev),
+            "val_ap_inductive_per_batch": per_epoch("val_ap_inductive_per_batch"),
             "test_ap_per_batch": statistics.fmean(r["test_ap_per_batch"] for r in runs),
             "test_ap_inductive_per_batch": statistics.fmean(r["test_ap_inductive_per_batch"] for r in runs)}
 
