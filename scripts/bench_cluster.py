@@ -12,7 +12,8 @@ run.  The graph is the community-structured synthetic graph (``python -m partiti
 (GraphSAGE 2 x 16, fanouts 10,25, Adam 0.003, dropout 0.5), one evaluation after the last epoch.
 The global batch is 2 x ``--batch-size`` seeds at every machine count, so that every run's steps
 are the 1-machine steps on the union of the ranks' seeds.  The ``late`` runs sum each step's
-gradients during the next step (``--grad-sync late``: updates one step stale, the accuracy column shows what that costs).
+gradients during the next step (``--grad-sync late``: updates one step stale, the accuracy column
+shows what that costs).
 
 Reported per run (epochs after the first, median over repeats): epoch seconds; scaling
 efficiency ``T1 / (K x TK)``, also against the baseline measured while a copy of it runs on the

@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", default="wikipedia,collegemsg", help="comma-separated: wikipedia, collegemsg")
     parser.add_argument("--data-root", type=Path, default=ROOT.parent / "shared" / "datasets")
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--runs", type=int, default=1, help="training runs of each side; AP compared as means over runs")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="training runs of each side; AP compared as means over runs")
     parser.add_argument("--our-args", default="", help="further train_temporal.py options for our side, e.g. "
                         "\"--train-negatives train\"")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side")
