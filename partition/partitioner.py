@@ -111,6 +111,9 @@ def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: Partiti
                       "labels": {"dtype": str(dataset.labels.dtype), "shape": [n, *dataset.labels.shape[1:]]},
                       **{name: {"dtype": "bool", "shape": [s, n]}
                          for name in ("train_masks", "val_masks", "test_masks")}},
+        **({"edge_data": {"features": {"dtype": str(dataset.edge_features.dtype),
+                                       "shape": list(dataset.edge_features.shape)}}}
+           if dataset.edge_features is not None else {}),
         "partitioning": partitioning,
         "quality": quality,
         "stages": stages,

@@ -54,7 +54,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
 
     manifest = read_manifest(root)
     num_parts, num_nodes = manifest["num_parts"], manifest["num_nodes"]
-    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in PART_ARRAYS]
+    arrays = [*PART_ARRAYS, *(["edge_features"] if "edge_data" in manifest else [])]
+    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in arrays]
     for rel in needed:
         if rel not in manifest["files"]:
             raise PartitionError(f"{root / 'manifest.json'}: does not list {rel}, which a folder of {num_parts} "

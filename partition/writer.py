@@ -76,6 +76,9 @@ def write_partitions(dataset: GraphDataset, book: PartitionBook, new2orig: np.nd
             features.append(dataset.features[owned[lo:lo + rows]])
         features.close()
         writer.write(part_file(part, "labels"), dataset.labels[owned])
+        if dataset.edge_features is not None:  # in the order of the in-edges written above
+            writer.write(part_file(part, "edge_features"),
+                         dataset.edge_features[segment_positions(dataset.indptr, owned)])
         for name in ("train_masks", "val_masks", "test_masks"):
             writer.write(part_file(part, name), getattr(dataset, name)[:, owned])
         stats.append({"part": part, "node_range": [start, end], "num_nodes": end - start,
@@ -138,3 +141,10 @@ def atomic_directory(out: Path, *, force: bool) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+def segment_positions(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions in a CSC's ``indices`` of every in-edge of ``rows``, row after row: int64 [sum of degrees]."""
+    starts, counts = indptr[rows], indptr[rows + 1] - indptr[rows]
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)

@@ -35,6 +35,9 @@ class SamplerConfig:
     self_loops: bool = False
     """Append a ``v -> v`` edge for every destination of every block (GAT, GCN), after sampling,
     so a node always sees itself whatever the fanout."""
+    edge_ids: bool = False
+    """Record every sampled edge's global id in ``Block.edge_ids`` (-1 for added self-loops), so that edge
+    features can be gathered for it."""
     gcn_norm: bool = False
     """Attach Kipf & Welling edge weights ``1/sqrt(d~_u d~_v)`` from full-graph degrees
     (``d~ = degree + 1``), scaled by ``degree / sampled`` so a sampled sum is unbiased for the
@@ -75,16 +78,16 @@ class NeighborSampler:
         blocks: list[Block] = []
         dst = seeds
         for fanout in reversed(fanouts):
-            src, counts = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
-                                          self.config.replace, rng)
-            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids])
+            src, counts, *edges = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
+                                                  self.config.replace, rng, with_edges=self.config.edge_ids)
+            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids], *edges)
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
 
 
 def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fanout: int, replace: bool,
-                    rng: np.random.Generator) -> tuple[Tensor, Tensor]:
+                    rng: np.random.Generator, *, with_edges: bool = False) -> tuple[Tensor, ...]:
     """Sampled in-edges of the local nodes ``dst``, grouped by destination in ``dst``'s order, drawing from ``rng``.
 
     Args:
@@ -95,7 +98,8 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
         rng: the generator every draw comes from (fanout ``-1`` draws nothing).
 
     Returns:
-        ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``.
+        ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``; with ``with_edges``
+        also ``edges int64 [E]``, each sampled edge's position in ``indices``.
     """
     starts = indptr[dst]
     degree = indptr[dst + 1] - starts
@@ -118,20 +122,24 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
         if wide.size:
             slots = first[wide, None] + np.arange(fanout)
             position[slots] = sample_without_replacement(degree[wide], fanout, rng)
-    src = indices[np.repeat(starts, counts) + position]
+    edges = np.repeat(starts, counts) + position
+    src = indices[edges]
+    if with_edges:
+        return torch.from_numpy(src), torch.from_numpy(counts), torch.from_numpy(edges)
     return torch.from_numpy(src), torch.from_numpy(counts)
 
 
 def make_block(dst: Tensor, src: Tensor, counts: Tensor, config: SamplerConfig,
-               degrees: Callable[[Tensor], Tensor] | None) -> Block:
+               degrees: Callable[[Tensor], Tensor] | None, edge_ids: Tensor | None = None) -> Block:
     """Compact ``(dst, src, counts)`` into a block, with self-loops and GCN weights as ``config`` asks.
-    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only)."""
+    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only); ``edge_ids``
+    the global id of every sampled edge (kept in the block)."""
     # Our own compaction instead of dgl.to_block: a parallel hash map numbers new source nodes in
     # a thread-dependent order, so two identical runs would train on permuted blocks.
     src_ids, local_src = compact(dst, src)
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=indptr[1:])
-    block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel())
+    block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel(), edge_ids=edge_ids)
     if config.self_loops:
         block = add_self_loops(block)
     if config.gcn_norm:
@@ -239,4 +247,8 @@ def add_self_loops(block: Block) -> Block:
     is_self[indptr[1:] - 1] = True
     indices[is_self] = torch.arange(num_dst)
     indices[~is_self] = block.indices
-    return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst)
+    edge_ids = None
+    if block.edge_ids is not None:  # a self-loop is no edge of the graph: it has no features
+        edge_ids = torch.full((indices.numel(),), -1, dtype=torch.int64)
+        edge_ids[~is_self] = block.edge_ids
+    return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst, edge_ids=edge_ids)
