@@ -63,11 +63,7 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
     passed(f"files: {len(needed)} present with the recorded sizes" + (" and sha256" if checksums else ""))
 
     offsets = node_offsets(manifest)
-    empty = np.flatnonzero(np.diff(offsets) == 0).tolist()
-    if empty:
-        raise PartitionError(f"{root / MANIFEST}: partition(s) {empty} own no nodes (node_ranges "
-                             f"{[manifest['node_ranges'][p] for p in empty]}), so their ranks would have nothing to "
-                             f"train on; re-partition with fewer --num-parts or larger --part-weights for them")
+    _check_none_empty(root, manifest, offsets)
     passed(f"id ranges: {num_parts} contiguous non-empty ranges tile [0, {num_nodes})")
     book = open_book(root, manifest, checksums=False)
     parts = [open_part_arrays(root, manifest, p, checksums=False) for p in range(num_parts)]
@@ -90,6 +86,16 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
                f"and masks equal")
     return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"], "shares": shares,
             "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
+
+
+def _check_none_empty(root: Path, manifest: dict, offsets: np.ndarray) -> None:
+    """Refuse a partition of no nodes (``offsets``: int64 [K + 1]): ``partition`` refuses to write one, but
+    folders written before it did, or by other tools, can hold one."""
+    empty = np.flatnonzero(np.diff(offsets) == 0).tolist()
+    if empty:
+        raise PartitionError(f"{root / MANIFEST}: partition(s) {empty} own no nodes (node_ranges "
+                             f"{[manifest['node_ranges'][p] for p in empty]}), so their ranks would have nothing to "
+                             f"train on; re-partition with fewer --num-parts or larger --part-weights for them")
 
 
 def format_shares(shares: dict[str, list[float]]) -> str:
