@@ -211,6 +211,10 @@ def _as_split_masks(mask: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.atleast_2d(mask).astype(bool, copy=False))  # [N] is one split
 
 
+MAX_KEYED_NODES = 3_037_000_499
+"""The most nodes whose edge keys ``dst * num_nodes + src`` fit int64 (``floor(sqrt(2**63 - 1))``)."""
+
+
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,
                    remove_self_loops: bool = True, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Build CSC ``(indptr, indices)`` from COO edges, vectorised.
@@ -220,7 +224,13 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
         symmetrize: also add every reverse edge (for undirected data stored once).
         remove_self_loops: drop ``v -> v`` edges (layers add self terms explicitly).
         dedup: drop repeated edges.
+
+    Raises:
+        ValueError: ``num_nodes`` above :data:`MAX_KEYED_NODES`, where the sort key overflows int64.
     """
+    if num_nodes > MAX_KEYED_NODES:
+        raise ValueError(f"num_nodes={num_nodes:,} is too many for one int64 edge key (dst * num_nodes + src): at "
+                         f"most {MAX_KEYED_NODES:,} nodes; relabel the ids compactly (0..n-1 over the nodes in use)")
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if remove_self_loops:
