@@ -97,8 +97,8 @@ dgl_env() {
         python=$DGL_PYTHON
         check_python "$python" DGL_PYTHON 3.11
     else
-        python=$(find_python 3.11) \
-            || die "the DGL environment needs Python 3.11 (dgl 2.1.0 has cp311 wheels only); set DGL_PYTHON=/path/to/python3.11"
+        python=$(find_python 3.11) || die "the DGL environment needs Python 3.11 (dgl 2.1.0 has cp311 wheels only);" \
+                                          "set DGL_PYTHON=/path/to/python3.11"
     fi
     ensure_venv .venv-dgl "$python" scripts/constraints-dgl.txt test,dgl
     # Without a working dgl every selected test would skip and the run would pass having compared nothing.
