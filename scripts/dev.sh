@@ -50,7 +50,7 @@ check_python() {
 
 # ensure_venv VENV PYTHON CONSTRAINTS EXTRAS: VENV holds gnnscale[EXTRAS] installed by PYTHON under CONSTRAINTS.
 ensure_venv() {
-    local venv=$1 python=$2 constraints=$3 extras=$4 stamp identity content start
+    local venv=$1 python=$2 constraints=$3 extras=$4 stamp identity content start note=""
     stamp=$venv/.gnnscale-install-stamp
     identity=$("$python" -VV | tr '\n' ' ')"[$extras]"
     content=$(sha256sum pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)
@@ -68,9 +68,9 @@ ensure_venv() {
         "$python" -m venv "$venv"
         echo "$identity" > "$stamp"
         "$venv/bin/python" -m pip install --quiet --upgrade pip
+        note=" (torch is a CUDA build: about 3 GB of downloads, several minutes)"
     fi
-    log "installing gnnscale[$extras] into $venv, pinned by $constraints" \
-        "(the first time, a CUDA build of torch: about 3 GB of downloads, several minutes)"
+    log "installing gnnscale[$extras] into $venv, pinned by $constraints$note"
     # PIP_CONSTRAINT replaces any constraint file named in pip's own configuration (pip reads the
     # environment after its configuration files), so a machine-wide cap cannot change the pins.
     PIP_CONSTRAINT="$constraints" "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
