@@ -73,7 +73,10 @@ ensure_venv() {
     log "installing gnnscale[$extras] into $venv, pinned by $constraints$note"
     # PIP_CONSTRAINT replaces any constraint file named in pip's own configuration (pip reads the
     # environment after its configuration files), so a machine-wide cap cannot change the pins.
-    PIP_CONSTRAINT="$constraints" "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+    # setuptools warns on every editable install that folders named like the packages may shadow
+    # them: here those folders are the packages being installed.
+    PIP_CONSTRAINT="$constraints" PYTHONWARNINGS="ignore:Editable installation" \
+        "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
     printf '%s\n%s\n' "$identity" "$content" > "$stamp"
     log "$venv ready in $((SECONDS - start)) s: $("$venv/bin/python" -c 'import platform, torch
 print(f"Python {platform.python_version()}, torch {torch.__version__}")')"
