@@ -39,13 +39,14 @@ find_python() {
     return 1
 }
 
-# Check that $1 runs and is Python 3.(minor) for one of the minors $2...; $1 came from the variable named $NAME.
+# check_python PYTHON NAME WORDS VERSION...: PYTHON (the value of the variable NAME) runs and is one of the
+# VERSIONs ("3.12" ...); WORDS names them in the error.
 check_python() {
-    local python=$1 name=$2 version
-    shift 2
+    local python=$1 name=$2 words=$3 version
+    shift 3
     version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
-        || die "$name=$python does not run; set $name to a Python $* interpreter"
-    [[ " $* " == *" $version "* ]] || die "$name=$python is Python $version; set $name to a Python $* interpreter"
+        || die "$name=$python does not run; set $name to a Python $words interpreter"
+    [[ " $* " == *" $version "* ]] || die "$name=$python is Python $version; set $name to a Python $words interpreter"
 }
 
 # ensure_venv VENV PYTHON CONSTRAINTS EXTRAS: VENV holds gnnscale[EXTRAS] installed by PYTHON under CONSTRAINTS.
@@ -86,7 +87,7 @@ current_env() {
     local python
     if [ -n "${PYTHON:-}" ]; then
         python=$PYTHON
-        check_python "$python" PYTHON 3.12 3.13 3.11
+        check_python "$python" PYTHON "3.12, 3.13 or 3.11" 3.12 3.13 3.11
     else
         python=$(find_python 3.12 3.13 3.11) \
             || die "no Python 3.12, 3.13 or 3.11 found on PATH or in pyenv; set PYTHON=/path/to/python3.12"
@@ -98,7 +99,7 @@ dgl_env() {
     local python
     if [ -n "${DGL_PYTHON:-}" ]; then
         python=$DGL_PYTHON
-        check_python "$python" DGL_PYTHON 3.11
+        check_python "$python" DGL_PYTHON 3.11 3.11
     else
         python=$(find_python 3.11) || die "the DGL environment needs Python 3.11 (dgl 2.1.0 has cp311 wheels only);" \
                                           "set DGL_PYTHON=/path/to/python3.11"

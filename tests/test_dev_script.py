@@ -72,13 +72,13 @@ def test_no_interpreter_found(tree: Path) -> None:
 def test_an_interpreter_that_does_not_run(tree: Path) -> None:
     missing = str(tree / "no-such-python")
     assert_refused(dev(tree, "demo", PYTHON=missing),
-                   f"error: PYTHON={missing} does not run; set PYTHON to a Python 3.12 3.13 3.11 interpreter", tree)
+                   f"error: PYTHON={missing} does not run; set PYTHON to a Python 3.12, 3.13 or 3.11 interpreter", tree)
 
 
 def test_an_interpreter_of_another_version(tree: Path) -> None:
     old = fake_python(tree.parent, "3.10")
     assert_refused(dev(tree, "test", PYTHON=str(old)),
-                   f"error: PYTHON={old} is Python 3.10; set PYTHON to a Python 3.12 3.13 3.11 interpreter", tree)
+                   f"error: PYTHON={old} is Python 3.10; set PYTHON to a Python 3.12, 3.13 or 3.11 interpreter", tree)
     new = fake_python(tree.parent, "3.12")
     assert_refused(dev(tree, "test-dgl", DGL_PYTHON=str(new)),
                    f"error: DGL_PYTHON={new} is Python 3.12; set DGL_PYTHON to a Python 3.11 interpreter", tree)
