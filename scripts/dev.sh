@@ -64,6 +64,9 @@ ensure_venv() {
         if [ -e "$venv" ] && [ ! -e "$stamp" ]; then
             die "$venv exists but was not made by scripts/dev.sh; move it away and run again"
         fi
+        if [ -e "$venv" ]; then
+            log "replacing $venv: it was made with another interpreter or by an earlier scripts/dev.sh"
+        fi
         log "creating $venv with $("$python" -V) ($python)"
         rm -rf "$venv"
         "$python" -m venv "$venv"
