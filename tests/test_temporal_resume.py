@@ -208,3 +208,69 @@ def test_command_line_resume_with_other_settings_is_one_line(tmp_path):
     assert again.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'run' / 'checkpoint.pt'} was written by a different run (batch_size = 30, this run has "
         f"40); resume with the same settings, or use a fresh --out"]
+
+
+# ---------------------------------------------------------------- 2 ranks, every parallelism
+MODES = {"sharded": dict(staleness=0), "sharded-bounded-k2": dict(staleness=2, memory_cache_rows=20, static_memory=False),
+         "memory": dict(parallelism="memory"), "epoch": dict(parallelism="epoch")}
+"""Per-rank state each resume must bring back: a dense shard, a bounded table (its held nodes, read times,
+step count), a memory group's memory carried into its next segment, a lagging epoch-parallel rank."""
+
+
+def resume_job(rank: int, root: str) -> dict:
+    """On each rank, for every mode: 3 epochs in one go; 1 epoch, then a fresh trainer resumed to 3; then a
+    resume with rank 1's share of the checkpoint deleted."""
+    from gnnscale.distributed.env import init_runtime, read_env
+    from gnnscale.temporal.sharded import partition_interactions
+
+    torch.set_num_threads(1)
+    runtime = init_runtime(read_env(), "cpu", timeout=60.0)
+    events = stream(num_events=600)
+    train = chronological_split(events, seed=0).train
+    owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, 2, seed=0)
+    results: dict = {}
+    try:
+        for mode, settings in MODES.items():
+            out = Path(root) / mode
+            owners = owner if settings.get("parallelism", "sharded") == "sharded" else None
+            build = lambda folder, epochs, resume=False: trainer(  # noqa: E731
+                folder, epochs=epochs, resume=resume, runtime=runtime, owner=owners, events=events, **settings)
+            whole = build(out / "whole", 3).fit()
+            build(out / "cut", 1).fit()
+            files = sorted(p.name for p in (out / "cut").iterdir())
+            resumed = build(out / "cut", 3, resume=True).fit()
+            results[mode] = {"whole": outcome(whole), "resumed": outcome(resumed), "files": files}
+        (Path(root) / "sharded" / "cut" / "checkpoint-rank1-epoch3.pt").unlink(missing_ok=True)
+        try:
+            trainer(Path(root) / "sharded" / "cut", epochs=4, resume=True, runtime=runtime, owner=owner,
+                    events=events, **MODES["sharded"]).fit()
+        except ValueError as err:
+            results["missing"] = str(err)
+        runtime.barrier()
+    finally:
+        runtime.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(resume_job, 2, str(tmp_path_factory.mktemp("resume")), timeout=600)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_resumed_two_rank_run_repeats_the_uninterrupted_one(two_ranks, mode):
+    """Each parallelism on 2 ranks: epoch 1, then epochs 2..3 from its checkpoint, equal every rank's
+    uninterrupted run to the bit; the checkpoint is rank 0's file plus rank 1's share of the same epoch."""
+    for rank in two_ranks:
+        assert rank[mode]["resumed"] == rank[mode]["whole"]
+    # Every rank reports the same losses and scores (in memory groups, read counts are each rank's own).
+    scores = [[(r["loss"], r["val_ap"]) for r in rank[mode]["whole"]["history"]] for rank in two_ranks]
+    assert scores[0] == scores[1] and len(scores[0]) == 3
+    assert two_ranks[0][mode]["files"] == ["checkpoint-rank1-epoch1.pt", "checkpoint.pt"]
+
+
+def test_a_missing_rank_share_is_refused_on_every_rank(two_ranks):
+    assert two_ranks[0]["missing"] == two_ranks[1]["missing"]
+    assert two_ranks[0]["missing"].startswith("rank 1: ")
+    assert "checkpoint-rank1-epoch3.pt is missing: the checkpoint of epoch 3 needs every rank's share" in \
+        two_ranks[0]["missing"]

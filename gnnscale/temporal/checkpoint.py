@@ -3,15 +3,15 @@
 After every ``checkpoint_every``-th epoch (and the last) the run folder gets::
 
     out/
-      checkpoint.pt                       rank 0, the commit point: model, optimizers, the fit loop's state
-                                          (epoch, best record and weights, patience, history), the run's
-                                          staleness totals, and rank 0's own memory share (below)
-      checkpoint-rank1-epoch3.pt          rank 1's memory share of the same epoch (several ranks only)
+      checkpoint.pt                       rank 0, the commit point: model, optimizers, the best epoch's
+                                          weights, and rank 0's own share (below)
+      checkpoint-rank1-epoch3.pt          rank 1's share of the same epoch (several ranks only)
       ...
 
-A rank's *memory share* is what only that rank holds: its node-memory table (memory, last-update
-times, mailbox: the pending message, its time and flag), with what it knows of the other ranks'
-writes and, for a bounded table, which nodes it holds and when each was last read
+A rank's *share* is what only that rank holds: the fit loop's state as it saw it (epoch, best record,
+patience count, history) and its read counts (in memory groups a rank's own), its node-memory table
+(memory, last-update times, mailbox: the pending message, its time and flag), with what it knows of
+the other ranks' writes and, for a bounded table, which nodes it holds and when each was last read
 (:meth:`ShardedMemory.state_dict`); its global step count; the table as the best epoch's training
 left it (the final evaluation starts from it); and, with memory parallelism, the memory its group
 carries into its next segment.  Each rank writes its own share (no rank holds every rank's table,
@@ -93,11 +93,11 @@ class TemporalCheckpoint:
         """Checkpoint epoch ``state.epoch``: ``run`` (the same on every rank; rank 0 writes it) and this
         rank's ``share``.  A write that fails on any rank raises ``OSError`` on every rank.  A collective."""
         rank, epoch = self.comm.rank, state.epoch
-        fit_state = {f.name: getattr(state, f.name) for f in fields(state) if f.name != "best_state"}
+        # Each rank's own: in memory groups a record's read counts are the rank's.
+        share = {**share, "fit": {f.name: getattr(state, f.name) for f in fields(state) if f.name != "best_state"}}
         self._agree(self._write(self.share_path(rank, epoch), {"epoch": epoch, "share": share})
                     if rank > 0 else None, OSError)
-        self._agree(self._write(self.path, {"epoch": epoch, "fit": fit_state, **run, "share": share})
-                    if rank == 0 else None, OSError)
+        self._agree(self._write(self.path, {"epoch": epoch, **run, "share": share}) if rank == 0 else None, OSError)
         if rank > 0 and self.out is not None:  # the commit is made: older shares can go
             for old in self.out.glob(f"checkpoint-rank{rank}-epoch*.pt"):
                 if old.name != self.share_path(rank, epoch).name:
@@ -111,7 +111,7 @@ class TemporalCheckpoint:
         return None
 
     def load(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """The run folder's checkpoint: ``(run, share)`` with ``run["fit"]`` the saved :class:`FitState`
+        """The run folder's checkpoint: ``(run, share)`` with ``share["fit"]`` this rank's :class:`FitState`
         fields (but ``best_state``), or ``None`` where there is none (a fresh start).  A collective.
 
         Raises:
@@ -140,7 +140,7 @@ class TemporalCheckpoint:
     def _read_share(self, epoch: int) -> tuple[dict[str, Any] | None, str | None]:
         path = self.share_path(self.comm.rank, epoch)
         if not path.exists():
-            return None, (f"{path} is missing: the checkpoint of epoch {epoch} needs every rank's memory share; "
+            return None, (f"{path} is missing: the checkpoint of epoch {epoch} needs every rank's share; "
                           f"resume on the same hosts with the same ranks, or use a fresh out folder")
         try:
             payload = load_checkpoint(path, self.fingerprint)
@@ -168,8 +168,9 @@ def save_epoch(trainer, checkpoint: TemporalCheckpoint, state: FitState) -> None
     weights, memory = state.best_state if state.best_state is not None else (None, None)
     run = {"model": trainer.model.state_dict(),
            "optimizers": [o.state_dict() for o in (trainer.optimizer, *trainer.sparse_optimizers)],
-           "best_weights": weights, "overall": dict(trainer._overall)}
+           "best_weights": weights}
     share = {"memory": trainer.shard.state_dict(), "step": trainer.shard.step, "best_memory": memory,
+             "overall": dict(trainer._overall),
              "own_memory": getattr(trainer, "_own_memory", None)}
     checkpoint.save(state, run, share)
 
@@ -184,12 +185,12 @@ def restore(trainer, checkpoint: TemporalCheckpoint) -> FitState:
     trainer.model.load_state_dict(run["model"])
     for optimizer, saved in zip((trainer.optimizer, *trainer.sparse_optimizers), run["optimizers"], strict=True):
         optimizer.load_state_dict(saved)
-    trainer._overall.update(run["overall"])
+    trainer._overall.update(share["overall"])
     trainer.shard.load_state_dict(share["memory"])
     trainer.shard.step = share["step"]
     if share["own_memory"] is not None:
         trainer._own_memory = share["own_memory"]
-    state = FitState(**run["fit"])
+    state = FitState(**share["fit"])
     if run["best_weights"] is not None:
         state.best_state = (run["best_weights"], share["best_memory"])
     log.info("resumed from epoch %d of %s (best val AP %.4f at epoch %d)", state.epoch, checkpoint.path,
