@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
 from distributed_helpers import run_ranks
+from test_temporal_distributed import stream as returning_users
 from gnnscale.data.temporal import TemporalEvents, chronological_split
 from gnnscale.temporal import MemoryConfig, TGNConfig
 from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
@@ -27,15 +29,9 @@ TIMINGS = ("train_seconds", "train_events_per_second", "eval_seconds")
 """History fields that are wall-clock measurements, which no two runs share."""
 
 
-def stream(num_events: int = 900, num_nodes: int = 80, seed: int = 0) -> TemporalEvents:
+def stream(num_events: int = 600, num_nodes: int = 80) -> TemporalEvents:
     """Users returning to favourite items, with repeated times: a stream the model learns something on."""
-    rng = np.random.default_rng(seed)
-    users = rng.integers(0, num_nodes // 2, num_events)
-    favourite = rng.integers(num_nodes // 2, num_nodes, num_nodes // 2)
-    items = np.where(rng.random(num_events) < 0.7, favourite[users], rng.integers(num_nodes // 2, num_nodes, num_events))
-    t = np.sort(rng.integers(0, 3000, num_events)).astype(np.float64)
-    return TemporalEvents(src=users.astype(np.int64), dst=items.astype(np.int64), t=t, edge_features=None,
-                          labels=None, num_nodes=num_nodes, name="toy")
+    return returning_users(num_events, num_nodes)
 
 
 def trainer(out: Path | None, *, epochs: int = 3, resume: bool = False, runtime=None, owner=None,
@@ -61,11 +57,11 @@ def outcome(metrics: dict) -> dict:
 
 @pytest.mark.parametrize("patience", [0, 1])
 def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path, patience):
-    """Epoch 1 in one trainer, epochs 2..4 in a fresh one from its checkpoint: the same records and final
-    metrics as 4 epochs in one go, to the bit (with patience 1 the run stops early at the same epoch)."""
-    whole = trainer(tmp_path / "whole", epochs=4, patience=patience).fit()
+    """Epoch 1 in one trainer, epochs 2..3 in a fresh one from its checkpoint: the same records and final
+    metrics as 3 epochs in one go, to the bit (patience 1: the patience count is carried over too)."""
+    whole = trainer(tmp_path / "whole", epochs=3, patience=patience).fit()
     trainer(tmp_path / "cut", epochs=1, patience=patience).fit()
-    resumed = trainer(tmp_path / "cut", epochs=4, patience=patience, resume=True).fit()
+    resumed = trainer(tmp_path / "cut", epochs=3, patience=patience, resume=True).fit()
     assert outcome(resumed) == outcome(whole)
     assert len(whole["history"]) >= 2 and whole["history"][0]["loss"] != whole["history"][1]["loss"]
 
@@ -121,10 +117,28 @@ def test_resume_refuses_other_settings_and_unreadable_files(tmp_path):
     with pytest.raises(ValueError, match=r"different run \(tgn = .*static_memory=True"):
         trainer(tmp_path, epochs=2, resume=True, static_memory=False).fit()
     with pytest.raises(ValueError, match=r"different run \(stream = 'toy: 80 nodes, 900 events'"):
-        trainer(tmp_path, epochs=2, resume=True, events=stream(num_events=800)).fit()
+        trainer(tmp_path, epochs=2, resume=True, events=stream(num_events=500)).fit()
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is not a readable gnnscale checkpoint"):
         trainer(tmp_path, epochs=2, resume=True).fit()
+
+
+class RunsACommand:
+    """Unpickling this runs ``touch``: what ``weights_only=True`` must refuse to do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(tmp_path):
+    trainer(tmp_path, epochs=1).fit()
+    torch.save({"format_version": 1, "payload": RunsACommand(tmp_path / "payload_ran")}, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="is not a readable gnnscale checkpoint .*Weights only load failed"):
+        trainer(tmp_path, epochs=2, resume=True).fit()
+    assert not (tmp_path / "payload_ran").exists()
 
 
 def test_config_errors():
@@ -175,22 +189,22 @@ def kill_after_first_checkpoint(command: list[str], checkpoint: Path, timeout: f
 def test_a_killed_command_line_run_resumes_to_the_uninterrupted_history(tmp_path):
     """``train_temporal.py`` SIGKILLed once its first checkpoint is on disk, then rerun with ``--resume``:
     metrics.json holds the history and test figures of an uninterrupted run."""
-    events = stream(num_events=3000, num_nodes=300)
+    events = stream(num_events=800, num_nodes=160)
     np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    epochs = ["--epochs", "5"]
+    epochs = ["--epochs", "3"]
     whole = subprocess.run(cli(tmp_path / "events.npz", tmp_path / "whole", *epochs), env=env, capture_output=True,
                            text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     killed_at = kill_after_first_checkpoint(cli(tmp_path / "events.npz", tmp_path / "cut", *epochs),
                                             tmp_path / "cut" / "checkpoint.pt")
-    assert 1 <= killed_at < 5 and not (tmp_path / "cut" / "metrics.json").exists()
+    assert 1 <= killed_at < 3 and not (tmp_path / "cut" / "metrics.json").exists()
     resumed = subprocess.run(cli(tmp_path / "events.npz", tmp_path / "cut", *epochs, "--resume"), env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from epoch {killed_at}" in resumed.stderr
     a, b = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("whole", "cut"))
-    assert without_timings(b["history"]) == without_timings(a["history"]) and len(a["history"]) == 5
+    assert without_timings(b["history"]) == without_timings(a["history"]) and len(a["history"]) == 3
     assert {k: v for k, v in b.items() if k.startswith(("val_", "test_"))} == \
         {k: v for k, v in a.items() if k.startswith(("val_", "test_"))}
 
@@ -211,7 +225,8 @@ def test_command_line_resume_with_other_settings_is_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------- 2 ranks, every parallelism
-MODES = {"sharded": dict(staleness=0), "sharded-bounded-k2": dict(staleness=2, memory_cache_rows=20, static_memory=False),
+MODES = {"sharded": dict(staleness=0),
+         "sharded-bounded-k2": dict(staleness=2, memory_cache_rows=20, static_memory=False),
          "memory": dict(parallelism="memory"), "epoch": dict(parallelism="epoch")}
 """Per-rank state each resume must bring back: a dense shard, a bounded table (its held nodes, read times,
 step count), a memory group's memory carried into its next segment, a lagging epoch-parallel rank."""
@@ -225,7 +240,7 @@ def resume_job(rank: int, root: str) -> dict:
 
     torch.set_num_threads(1)
     runtime = init_runtime(read_env(), "cpu", timeout=60.0)
-    events = stream(num_events=600)
+    events = stream()
     train = chronological_split(events, seed=0).train
     owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, 2, seed=0)
     results: dict = {}
@@ -274,3 +289,45 @@ def test_a_missing_rank_share_is_refused_on_every_rank(two_ranks):
     assert two_ranks[0]["missing"].startswith("rank 1: ")
     assert "checkpoint-rank1-epoch3.pt is missing: the checkpoint of epoch 3 needs every rank's share" in \
         two_ranks[0]["missing"]
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_rank_and_resumes_to_the_uninterrupted_history(tmp_path):
+    """2 ranks under torchrun, node memory sharded in bounded tables with K = 2: rank 1 is SIGKILLed once the
+    first checkpoint is on disk, torchrun (``--max-restarts=1``) restarts both with ``--resume``, and
+    metrics.json equals an uninterrupted run's."""
+    events = stream(num_events=1200, num_nodes=200)
+    np.savez(tmp_path / "events.npz", src=events.src, dst=events.dst, t=events.t)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+
+    def launch(out: str, *extra: str) -> list[str]:
+        command = cli(tmp_path / "events.npz", tmp_path / out, "--epochs", "4", "--staleness", "2",
+                      "--memory-cache-rows", "50", "--resume")
+        return [torchrun, "--standalone", "--nproc_per_node=2", *extra, *command[1:]]
+
+    whole = subprocess.run(launch("whole"), env=env, capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    agent = subprocess.Popen(launch("cut", "--max-restarts=1"), env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "cut" / "checkpoint.pt").exists() and agent.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers = [p for p in psutil.Process(agent.pid).children(recursive=True) if "train_temporal.py" in " ".join(
+            p.cmdline())]
+        assert len(workers) == 2, workers
+        workers[-1].send_signal(signal.SIGKILL)
+        _, stderr = agent.communicate(timeout=600)
+    finally:
+        for proc in psutil.Process(agent.pid).children(recursive=True) if agent.poll() is None else []:
+            proc.kill()
+        agent.kill()
+    assert agent.returncode == 0, stderr[-3000:]
+    assert "resumed from epoch" in stderr, stderr[-3000:]
+    a, b = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("whole", "cut"))
+    assert without_timings(b["history"]) == without_timings(a["history"]) and len(a["history"]) == 4
+    assert {k: v for k, v in b.items() if k.startswith(("val_", "test_"))} == \
+        {k: v for k, v in a.items() if k.startswith(("val_", "test_"))}

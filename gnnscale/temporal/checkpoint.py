@@ -66,16 +66,20 @@ class TemporalCheckpoint:
 
     Args:
         out: the run folder, or ``None`` for no checkpoints.
-        every: checkpoint every this many epochs (and after the last, or an early stop); 0 never.
-        epochs: the run's last epoch.
+        config: the run's ``TemporalTrainConfig``: ``checkpoint_every`` epochs (and after the last,
+            or an early stop; 0 never), ``epochs``, ``resume``.
         fingerprint: :func:`run_fingerprint` of the run.
         comm: collectives over every rank (gloo); a world of one has ``group`` ``None``.
+
+    Raises:
+        ValueError: ``config.resume`` without an ``out`` folder.
     """
 
-    def __init__(self, out: Path | None, *, every: int, epochs: int, fingerprint: dict[str, Any],
-                 comm: Exchanger) -> None:
+    def __init__(self, out: Path | None, config, *, fingerprint: dict[str, Any], comm: Exchanger) -> None:
+        if config.resume and out is None:
+            raise ValueError("resume=True needs the out folder that holds the checkpoint; pass out=")
         self.out = None if out is None else Path(out)
-        self.every, self.epochs, self.fingerprint, self.comm = every, epochs, fingerprint, comm
+        self.every, self.epochs, self.fingerprint, self.comm = config.checkpoint_every, config.epochs, fingerprint, comm
 
     @property
     def path(self) -> Path | None:

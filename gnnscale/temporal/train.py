@@ -202,8 +202,6 @@ class TemporalLinkTrainer:
             if shards > 1:
                 raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
             owner = np.zeros(events.num_nodes, dtype=np.int64)
-        if config.resume and out is None:
-            raise ValueError("resume=True needs the out folder that holds the checkpoint; pass out=")
         with seeded(config.seed, torch.device("cpu")):  # seeded weights built on the CPU, the caller's RNG untouched
             self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
         if tgn_config.static_memory and config.memory_cache_rows is not None:
@@ -244,9 +242,8 @@ class TemporalLinkTrainer:
         self.src = torch.from_numpy(events.src).to(self.device)
         self.dst = torch.from_numpy(events.dst).to(self.device)
         self.t = torch.from_numpy(events.t).to(self.device)
-        self.checkpoint = TemporalCheckpoint(out, every=config.checkpoint_every, epochs=config.epochs, comm=self.comm,
-                                             fingerprint=run_fingerprint(events, split, config, memory_config,
-                                                                         tgn_config, owner, self.world_size))
+        self.checkpoint = TemporalCheckpoint(out, config, comm=self.comm, fingerprint=run_fingerprint(
+            events, split, config, memory_config, tgn_config, owner, self.world_size))
 
     # ------------------------------------------------------------------ one batch
     def _neighborhood(self, sampler, nodes: Tensor, times: Tensor, rng: np.random.Generator,
