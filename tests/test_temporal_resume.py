@@ -116,7 +116,7 @@ def test_resume_refuses_other_settings_and_unreadable_files(tmp_path):
         trainer(tmp_path, epochs=2, lr=1e-3, resume=True).fit()
     with pytest.raises(ValueError, match=r"different run \(tgn = .*static_memory=True"):
         trainer(tmp_path, epochs=2, resume=True, static_memory=False).fit()
-    with pytest.raises(ValueError, match=r"different run \(stream = 'toy: 80 nodes, 900 events'"):
+    with pytest.raises(ValueError, match=r"different run \(stream = 'toy: 80 nodes, 600 events'"):
         trainer(tmp_path, epochs=2, resume=True, events=stream(num_events=500)).fit()
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is not a readable gnnscale checkpoint"):

@@ -34,7 +34,7 @@ import logging
 import zlib
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.distributed as dist
@@ -43,14 +43,19 @@ from gnnscale.distributed.comm import Exchanger
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from gnnscale.train.fit import FitState
 
+if TYPE_CHECKING:  # train.py imports this module
+    from gnnscale.temporal.memory import MemoryConfig
+    from gnnscale.temporal.tgn import TGNConfig
+    from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
+
 log = logging.getLogger("gnnscale.temporal")
 
 UNFINGERPRINTED = ("epochs", "patience", "device", "checkpoint_every", "resume")
 """Settings a resumed run may change: how long it runs, where, and how often it checkpoints."""
 
 
-def run_fingerprint(events, split, config, memory_config, tgn_config, owner: np.ndarray | None,
-                    world_size: int) -> dict[str, Any]:
+def run_fingerprint(events, split, config: TemporalTrainConfig, memory_config: MemoryConfig, tgn_config: TGNConfig,
+                    owner: np.ndarray | None, world_size: int) -> dict[str, Any]:
     """What must not change across a resume: the stream, the split, the model, every training setting
     but :data:`UNFINGERPRINTED`, the world size and the owner of every node (a CRC of ``owner``)."""
     settings = {k: v for k, v in asdict(config).items() if k not in UNFINGERPRINTED}
@@ -75,11 +80,13 @@ class TemporalCheckpoint:
         ValueError: ``config.resume`` without an ``out`` folder.
     """
 
-    def __init__(self, out: Path | None, config, *, fingerprint: dict[str, Any], comm: Exchanger) -> None:
+    def __init__(self, out: Path | None, config: TemporalTrainConfig, *, fingerprint: dict[str, Any],
+                 comm: Exchanger) -> None:
         if config.resume and out is None:
             raise ValueError("resume=True needs the out folder that holds the checkpoint; pass out=")
         self.out = None if out is None else Path(out)
-        self.every, self.epochs, self.fingerprint, self.comm = config.checkpoint_every, config.epochs, fingerprint, comm
+        self.every, self.epochs = config.checkpoint_every, config.epochs
+        self.fingerprint, self.comm = fingerprint, comm
 
     @property
     def path(self) -> Path | None:
@@ -165,7 +172,7 @@ class TemporalCheckpoint:
                 raise kind(message if len(errors) == 1 else f"rank {rank}: {message}")
 
 
-def save_epoch(trainer, checkpoint: TemporalCheckpoint, state: FitState) -> None:
+def save_epoch(trainer: TemporalLinkTrainer, checkpoint: TemporalCheckpoint, state: FitState) -> None:
     """Checkpoint ``trainer`` after ``state.epoch`` when due (see :class:`TemporalCheckpoint`)."""
     if not checkpoint.due(state):
         return
@@ -179,7 +186,7 @@ def save_epoch(trainer, checkpoint: TemporalCheckpoint, state: FitState) -> None
     checkpoint.save(state, run, share)
 
 
-def restore(trainer, checkpoint: TemporalCheckpoint) -> FitState:
+def restore(trainer: TemporalLinkTrainer, checkpoint: TemporalCheckpoint) -> FitState:
     """``trainer`` as the checkpoint left it, and the fit loop's state; a fresh state where there is none."""
     found = checkpoint.load()
     if found is None:
