@@ -34,7 +34,8 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
     with torch.random.fork_rng(devices=gpus):
         torch.random.default_generator.manual_seed(seed)
         for index in gpus:  # only this device's: torch.manual_seed would reseed every GPU's, unrestored
-            torch.cuda.default_generators[index].manual_seed(seed)
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
         yield
 
 
