@@ -123,6 +123,20 @@ def test_resume_refuses_other_settings_and_unreadable_files(tmp_path):
         trainer(tmp_path, epochs=2, resume=True).fit()
 
 
+def test_seeded_draws_from_its_seed_and_restores_the_callers_generator_even_on_an_error():
+    from gnnscale.train.fit import seeded
+
+    torch.manual_seed(99)
+    before = torch.get_rng_state()
+    with seeded(5, torch.device("cpu")):
+        inside = torch.rand(4)
+    with pytest.raises(RuntimeError, match="stop"), seeded(5, torch.device("cpu")):
+        again = torch.rand(4)
+        raise RuntimeError("stop")
+    assert torch.equal(inside, again) and torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(inside, torch.rand(4, generator=torch.Generator().manual_seed(5)))
+
+
 class RunsACommand:
     """Unpickling this runs ``touch``: what ``weights_only=True`` must refuse to do."""
 
