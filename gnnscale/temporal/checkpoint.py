@@ -180,7 +180,8 @@ def save_epoch(trainer: TemporalLinkTrainer, checkpoint: TemporalCheckpoint, sta
     run = {"model": trainer.model.state_dict(),
            "optimizers": [o.state_dict() for o in (trainer.optimizer, *trainer.sparse_optimizers)],
            "best_weights": weights}
-    share = {"memory": trainer.shard.state_dict(), "step": trainer.shard.step, "best_memory": memory,
+    # The live tables, not copies: written at once, and a copy would double a large table's memory.
+    share = {"memory": trainer.shard.state_dict(copy=False), "step": trainer.shard.step, "best_memory": memory,
              "overall": dict(trainer._overall),
              "own_memory": getattr(trainer, "_own_memory", None)}
     checkpoint.save(state, run, share)
