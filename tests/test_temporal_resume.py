@@ -253,7 +253,7 @@ def resume_job(rank: int, root: str) -> dict:
     from gnnscale.temporal.sharded import partition_interactions
 
     torch.set_num_threads(1)
-    runtime = init_runtime(read_env(), "cpu", timeout=60.0)
+    runtime = init_runtime(read_env(), "cpu", timeout=180.0)  # two cores shared by many jobs
     events = stream()
     train = chronological_split(events, seed=0).train
     owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, 2, seed=0)
