@@ -354,6 +354,7 @@ TEMPORAL_CASES = [
     temporal("temporal-cache-rows-neg", ["--memory-cache-rows", "-5"], "--memory-cache-rows must be >= 0, got -5"),
     temporal("temporal-new-node-fraction", ["--new-node-fraction", "1.5"], "--new-node-fraction must be >= 0 and < 1"),
     temporal("temporal-heads-0", ["--heads", "0"], "--heads must be >= 1, got 0"),
+    temporal("temporal-checkpoint-every-neg", ["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
 ]
 CASES = (RANGE_CASES + OUT_CASES + RECIPE_CASES + LOADER_CASES + PARTITION_FOLDER_CASES + PARTITION_CLI_CASES
          + CHECKPOINT_CASES + TEMPORAL_CASES)

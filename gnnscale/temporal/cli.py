@@ -119,8 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "for MRR")
     _add_loader_options(parser.add_argument_group("loader"))
     _add_distributed_options(add_section(parser, "distributed"))
-    # The temporal trainer writes no checkpoints (yet): only the run folder applies.
-    add_section(parser, "checkpoint", without=("--resume", "--checkpoint-every"))
+    add_section(parser, "checkpoint")
     add_section(parser, "run")
     return parser
 
@@ -180,17 +179,17 @@ def run(args: argparse.Namespace) -> dict:
     log.info("loaded %s: %d nodes, %d events, %d edge features in %.1fs; train/val/test events %d/%d/%d, "
              "%d new nodes held out", events.name, events.num_nodes, events.num_events, events.num_edge_features,
              time.perf_counter() - start, split.train.sum(), split.val.sum(), split.test.sum(), len(split.new_nodes))
-    if not env.is_distributed:
-        if args.staleness:
-            log.info("one process: every read is exact, --staleness %d has nothing to bound", args.staleness)
-        best = _train(args, events, split, runtime=None, owner=None)
-    else:
-        best = _train_distributed(args, events, split, env)
     out = args.out if args.out is not None else Path("runs") / (
         f"{events.name}-tgn-seed{args.seed}" + (f"-{env.world_size}r-" + (
             args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else "")
         + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else "")
         + (f"-grad-{args.grad_dtype}" if args.grad_dtype != "float32" and env.is_distributed else ""))
+    if not env.is_distributed:
+        if args.staleness:
+            log.info("one process: every read is exact, --staleness %d has nothing to bound", args.staleness)
+        best = _train(args, events, split, runtime=None, owner=None, out=out)
+    else:
+        best = _train_distributed(args, events, split, env, out)
     metrics = _metrics(args, events.name, best, env)
     if env.is_main:
         from gnnscale.train.cli import write_json_atomic
@@ -228,7 +227,7 @@ def _metrics(args: argparse.Namespace, name: str, best: dict, env) -> dict:
             "history": best["history"]}
 
 
-def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
+def _train(args: argparse.Namespace, events, split, *, runtime, owner, out: Path) -> dict:
     from gnnscale.temporal import MemoryConfig, TGNConfig
     from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
 
@@ -239,17 +238,18 @@ def _train(args: argparse.Namespace, events, split, *, runtime, owner) -> dict:
                                  event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
                                  parallelism=args.parallelism, sync_every=args.sync_every,
                                  memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives,
-                                 wire_dtype=args.wire_dtype, grad_dtype=args.grad_dtype)
+                                 wire_dtype=args.wire_dtype, grad_dtype=args.grad_dtype,
+                                 checkpoint_every=args.checkpoint_every, resume=args.resume)
     memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
                                  edge_dim=events.num_edge_features, aggregator=args.aggregator)
     tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init,
                            static_memory=args.static_memory)
     trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config,
-                                  runtime=runtime, owner=owner)
+                                  runtime=runtime, owner=owner, out=out)
     return trainer.fit()
 
 
-def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
+def _train_distributed(args: argparse.Namespace, events, split, env, out: Path) -> dict:
     """Join the job, assign node memory to ranks (rank 0 partitions, everyone receives it), train."""
     import numpy as np
     import torch
@@ -260,7 +260,7 @@ def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
 
     with joined_job(env, args.device, args.failure_timeout) as runtime:
         if args.parallelism != "sharded":  # every rank holds every node: no owners
-            return _train(args, events, split, runtime=runtime, owner=None)
+            return _train(args, events, split, runtime=runtime, owner=None, out=out)
         owner = torch.zeros(events.num_nodes, dtype=torch.int64)
         if env.rank == 0:
             start = time.perf_counter()
@@ -275,7 +275,7 @@ def _train_distributed(args: argparse.Namespace, events, split, env) -> dict:
                      time.perf_counter() - start, np.bincount(owner.numpy(), minlength=env.world_size).tolist(),
                      np.bincount(ranks, minlength=env.world_size).tolist(), 100 * cut)
         dist.broadcast(owner, src=0, group=runtime.sample_group)
-        best = _train(args, events, split, runtime=runtime, owner=owner.numpy())
+        best = _train(args, events, split, runtime=runtime, owner=owner.numpy(), out=out)
     return best
 
 

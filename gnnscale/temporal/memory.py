@@ -155,9 +155,11 @@ class MemoryState:
         self.node = torch.cat([self.node, self.node.new_full((extra,), -1)])
         self.capacity = capacity
 
-    def state_dict(self) -> dict[str, Tensor]:
+    def state_dict(self, copy: bool = True) -> dict[str, Tensor]:
+        """Every tensor of the state; ``copy=False`` gives the live tensors (to be written out at once,
+        without a second table in memory)."""
         names = self._FIELDS if self.dense else self._FIELDS + self._MAPS
-        return {name: getattr(self, name).clone() for name in names}
+        return {name: getattr(self, name).clone() if copy else getattr(self, name) for name in names}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if not self.dense:  # a bounded table may have grown since: take its size from the state

@@ -195,9 +195,11 @@ class ShardedMemory:
         self.step = -(-self.step // self.period) * self.period
         self.complete = self.step - 1
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """The memory state and what this rank knows of it (call after :meth:`refresh`)."""
-        return {**self.memory.state.state_dict(), "touched": self.touched.clone(), "last_read": self.last_read.clone()}
+    def state_dict(self, copy: bool = True) -> dict[str, Tensor]:
+        """The memory state and what this rank knows of it (call after :meth:`refresh`); ``copy=False``:
+        the live tensors (:meth:`MemoryState.state_dict`)."""
+        known = {"touched": self.touched, "last_read": self.last_read}
+        return {**self.memory.state.state_dict(copy), **{k: v.clone() if copy else v for k, v in known.items()}}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         state = dict(state)

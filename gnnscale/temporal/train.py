@@ -55,6 +55,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -65,10 +66,11 @@ from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.wire import WIRE_DTYPES
 from gnnscale.metrics import average_precision, mean_reciprocal_rank, per_batch_average_precision
 from gnnscale.distributed.gradsum import GradientSum
+from gnnscale.temporal.checkpoint import TemporalCheckpoint, restore, run_fingerprint, save_epoch
 from gnnscale.temporal.memory import MemoryConfig, MemoryView
 from gnnscale.temporal.sharded import ShardedMemory, StalenessStats, StepWrites
 from gnnscale.temporal.tgn import TGN, Neighborhood, TGNConfig
-from gnnscale.train.fit import FitState, epoch_seed, fit
+from gnnscale.train.fit import FitState, epoch_seed, fit, seeded
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -130,6 +132,11 @@ class TemporalTrainConfig:
     grad_dtype: str = "float32"
     """Several ranks: the dtype gradients are summed in: ``float32``, or ``bfloat16`` (half the bytes,
     float32's range, each rank's gradient and each partial sum rounded to 8 significant bits)."""
+    checkpoint_every: int = 1
+    """Checkpoint every this many epochs, and after the last (with an ``out`` folder); 0 never
+    (:mod:`gnnscale.temporal.checkpoint`)."""
+    resume: bool = False
+    """Continue from the ``out`` folder's checkpoint when there is one."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
@@ -143,7 +150,7 @@ class TemporalTrainConfig:
                               ("grad_dtype", GRAD_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
-        for name, unit in (("staleness", " global steps"), ("patience", "")):
+        for name, unit in (("staleness", " global steps"), ("patience", ""), ("checkpoint_every", " epochs")):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0{unit}, got {getattr(self, name)}")
 
@@ -175,11 +182,12 @@ class TemporalLinkTrainer:
         owner: int64 [num_nodes], the rank owning each node's memory (several ranks, sharded; see
             :func:`~gnnscale.temporal.sharded.partition_interactions`).
         record: keep every remote read and owned write (tests; :class:`ShardedMemory`).
+        out: the run folder for checkpoints (``None``: none); every rank writes its memory share there.
     """
 
     def __init__(self, events, split, *, memory_config: MemoryConfig, tgn_config: TGNConfig,
                  config: TemporalTrainConfig, runtime=None, owner: np.ndarray | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, out: Path | None = None) -> None:
         from samplers.temporal import (RandomDestinationSampler, SeenDestinationSampler, TemporalGraph,
                                        TemporalNeighborSampler)
 
@@ -194,8 +202,7 @@ class TemporalLinkTrainer:
             if shards > 1:
                 raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
             owner = np.zeros(events.num_nodes, dtype=np.int64)
-        with torch.random.fork_rng(devices=[]):  # seeded weights, the global generator untouched
-            torch.manual_seed(config.seed)
+        with seeded(config.seed, torch.device("cpu")):  # seeded weights built on the CPU, the caller's RNG untouched
             self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
         if tgn_config.static_memory and config.memory_cache_rows is not None:
             raise ValueError("static node memory is a table of every node on every rank, which a bounded "
@@ -235,6 +242,8 @@ class TemporalLinkTrainer:
         self.src = torch.from_numpy(events.src).to(self.device)
         self.dst = torch.from_numpy(events.dst).to(self.device)
         self.t = torch.from_numpy(events.t).to(self.device)
+        self.checkpoint = TemporalCheckpoint(out, config, comm=self.comm, fingerprint=run_fingerprint(
+            events, split, config, memory_config, tgn_config, owner, self.world_size))
 
     # ------------------------------------------------------------------ one batch
     def _neighborhood(self, sampler, nodes: Tensor, times: Tensor, rng: np.random.Generator,
@@ -366,8 +375,9 @@ class TemporalLinkTrainer:
         starts); the mean global batch loss."""
         self.model.train()
         group = self.rank if self.groups > 1 else 0
-        # Dropout's generator and the negatives, reseeded per epoch alike on every rank of a group.
-        torch.manual_seed(epoch_seed(self.config.seed, epoch, group))
+        # Dropout's generator (forked: the caller's is left as it was) and the negatives, seeded per epoch
+        # alike on every rank of a group, so a resumed epoch draws what it would have.
+        dropout = seeded(epoch_seed(self.config.seed, epoch, group), self.device)
         rng = np.random.default_rng((self.config.seed, epoch) if group == 0 else (self.config.seed, epoch, 0, group))
         self.sample_rng = np.random.default_rng((self.config.seed, epoch, self.rank))
         batches = self._batches(self.train_event_ids)
@@ -382,13 +392,14 @@ class TemporalLinkTrainer:
         for optimizer in (self.optimizer, *self.sparse_optimizers):
             optimizer.zero_grad(set_to_none=True)
         every = self.config.sync_every
-        for i, batch in enumerate(batches):
-            interrupt.check()
-            sync = (i + 1) % every == 0 or i == len(batches) - 1
-            if batch is None:  # a short last segment, or a lagging rank's edge: only join the step
-                self._start_step(None, sync=sync)()
-                continue
-            losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True, sync=sync)["loss"])
+        with dropout:
+            for i, batch in enumerate(batches):
+                interrupt.check()
+                sync = (i + 1) % every == 0 or i == len(batches) - 1
+                if batch is None:  # a short last segment, or a lagging rank's edge: only join the step
+                    self._start_step(None, sync=sync)()
+                    continue
+                losses.append(self._step(batch, self.train_sampler, event_map, rng, train=True, sync=sync)["loss"])
         self.shard.refresh()  # every replica current before evaluation reads it
         # Sharded, a rank's losses sum over ranks to the batch means; memory groups' are batch means.
         total = self.comm.all_reduce(torch.tensor([float(sum(losses)), len(losses) / self.shard.world_size]))
@@ -536,8 +547,10 @@ class TemporalLinkTrainer:
         split, started = self.split, time.perf_counter()
         self._inductive = split.val_new_node | split.test_new_node
         self._overall = {"staleness_max": 0, "staleness_sum": 0.0, "reads": 0, "remote_reads": 0, "fetched_rows": 0}
-        state = fit(FitState(), epochs=self.config.epochs, patience=self.config.patience, score_key="val_ap",
+        state = restore(self, self.checkpoint) if self.config.resume else FitState()
+        state = fit(state, epochs=self.config.epochs, patience=self.config.patience, score_key="val_ap",
                     train_epoch=self._train_and_validate, log_epoch=self._log_epoch,
+                    after_epoch=lambda state: save_epoch(self, self.checkpoint, state),
                     snapshot=lambda: (copy.deepcopy(self.model.state_dict()), self._memory_after_training))
         weights, memory = state.best_state
         self.model.load_state_dict(weights)

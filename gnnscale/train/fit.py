@@ -9,12 +9,14 @@ run passes the state it saved and continues as the uninterrupted run would have.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 log = logging.getLogger("gnnscale.train")
 
@@ -22,6 +24,19 @@ log = logging.getLogger("gnnscale.train")
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """The torch seed of ``rank`` in ``epoch``: independent streams, reproducible after a resume."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Inside, torch's global generators (the CPU's, and ``device``'s where it is a GPU) draw from ``seed``
+    (dropout has no generator argument); on leaving, the caller's states are back, whatever happened."""
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        torch.random.default_generator.manual_seed(seed)
+        for index in gpus:  # only this device's: torch.manual_seed would reseed every GPU's, unrestored
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
 
 
 @dataclass(kw_only=True)
