@@ -51,7 +51,7 @@ from gnnscale.options import GRAD_SYNCS
 from gnnscale.progress import Progress
 from gnnscale.sampling import CacheConfig
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from gnnscale.train.fit import FitState, epoch_seed, fit
+from gnnscale.train.fit import FitState, epoch_seed, fit, seeded
 from gnnscale.train.gradclock import GradSumClock
 from gnnscale.world import World
 from partition.load import Partition
@@ -301,9 +301,7 @@ class Trainer:
     def train_epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
         """One pass over every rank's training nodes: the global mean loss, and this rank's time split.
         Dropout draws from a generator seeded by ``(seed, epoch, rank)``; the caller's global RNG is restored."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(epoch_seed(self.config.seed, epoch, self.rank))
+        with seeded(epoch_seed(self.config.seed, epoch, self.rank), self.device):
             return self._train_steps(epoch)
 
     def _train_steps(self, epoch: int) -> tuple[float, dict[str, float]]:
