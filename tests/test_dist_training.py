@@ -356,7 +356,7 @@ def one_part(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.parametrize("argv,split,message", [
     (["--num-layers", "2", "--fanouts", "5"], 0, r"got 1 fanouts for 2 layers; give one fanout per layer"),
-    (["--num-layers", "2", "--fanouts", "5,5"], 3, r"--split 3 is out of range: the dataset has 1 split\(s\), 0..0"),
+    (["--num-layers", "2", "--fanouts", "5,5"], 3, r"split=3 is out of range: the dataset has 1 split\(s\), 0..0"),
 ])
 def test_trainer_rejects_bad_settings(one_part: Any, argv: list[str], split: int, message: str) -> None:
     from gnnscale.distributed.env import DistEnv, init_runtime

@@ -86,7 +86,7 @@ def test_bad_grad_sync_is_refused() -> None:
     from gnnscale.train.cli import build_parser
     from gnnscale.train.trainer import TrainConfig
 
-    with pytest.raises(ValueError, match="--grad-sync must be one of step, late, got 'never'"):
+    with pytest.raises(ValueError, match="grad_sync must be one of step, late, got 'never'"):
         TrainConfig(grad_sync="never")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--grad-sync", "never"])

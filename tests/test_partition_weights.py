@@ -140,31 +140,23 @@ def test_command_line_prints_and_verify_shows_requested_and_achieved_shares(
 
 
 def test_trainer_step_plan_with_a_one_to_two_split(dataset: GraphDataset, tmp_path: Path) -> None:
-    """Documents, not changes, ``Trainer._plan_steps`` on weighted partitions: every rank takes the steps of
-    the rank with the most training nodes, so the smaller partition takes proportionally smaller batches
-    (work per step follows the weights); it refuses only when a partition has fewer training nodes than
-    steps, which a 1:2 split reaches at --batch-size 1 (or 2 where the small part falls below half)."""
-    import torch
-
-    from gnnscale.train.trainer import Trainer
+    """Documents, not changes, the step plan of the loaders (``gnnscale.sampling.agreed_steps``) on weighted
+    partitions: every rank takes the steps of the rank with the most training nodes, so the smaller partition
+    takes proportionally smaller batches (work per step follows the weights); it refuses only when a partition
+    has fewer training nodes than steps, which a 1:2 split reaches at --batch-size 1 (or 2 where the small part
+    falls below half)."""
+    from gnnscale.sampling import agreed_steps
 
     manifest = partition_graph(dataset, tmp_path / "w", PartitionConfig(num_parts=2, part_weights="1,2"))
     counts = [p["num_train"] for p in manifest["parts"]]
-
-    def plan(batch_size: int) -> types.SimpleNamespace:
-        # What _plan_steps reads of a Trainer, as rank 0 of a world of two sees it.
-        rank0 = types.SimpleNamespace(world_size=2, split=0, config=types.SimpleNamespace(batch_size=batch_size),
-                                      exchanger=types.SimpleNamespace(all_gather_counts=lambda n: list(counts)),
-                                      train_ids=torch.arange(counts[0]), val_ids=torch.arange(1),
-                                      test_ids=torch.arange(1))
-        rank0._num_batches = types.MethodType(Trainer._num_batches, rank0)
-        Trainer._plan_steps(rank0)
-        return rank0
+    # What agreed_steps reads of a graph, as rank 0 of a world of two sees it.
+    rank0 = types.SimpleNamespace(world=types.SimpleNamespace(
+        size=2, exchanger=types.SimpleNamespace(all_gather_counts=lambda n: list(counts))))
 
     for batch_size in (16, 64, 1024):  # typical sizes: planned, the big partition setting the step count
-        rank0 = plan(batch_size)
-        assert rank0.steps == math.ceil(counts[1] / batch_size)
-        assert rank0.step_seeds.sum().item() == sum(counts)  # every training node of both ranks, once an epoch
-    with pytest.raises(ValueError, match=f"^partition 0 has {counts[0]} training node\\(s\\) but every rank takes "
-                                         f"{counts[1]} steps per epoch"):
-        plan(1)
+        steps, step_seeds = agreed_steps(rank0, counts[0], batch_size)
+        assert steps == math.ceil(counts[1] / batch_size)
+        assert step_seeds.sum().item() == sum(counts)  # every training node of both ranks, once an epoch
+    with pytest.raises(ValueError, match=f"^rank 0 has {counts[0]} seeds but every rank takes {counts[1]} steps "
+                                         f"per epoch"):
+        agreed_steps(rank0, counts[0], 1)
