@@ -53,6 +53,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--resume": dict(action="store_true", help="continue from <out>/checkpoint.pt if it exists (use with torchrun "
                      "--max-restarts)"),
     "--checkpoint-every": dict(type=int, default=1, help="epochs between checkpoints; 0 = never"),
+    "--on-checkpoint-error": dict(choices=("stop", "warn"), default="stop", help="a checkpoint that cannot be "
+                                  "written (full or read-only --out): stop the run with one error line, the last "
+                                  "checkpoint intact, or warn once and train on (the result is still written)"),
     "--config": dict(type=Path, default=None, metavar="RECIPE.toml", help="read options from a TOML recipe "
                      "(keys: the long option names, e.g. num-layers = 2); options given here override it"),
     "--quiet": dict(action="store_true", help="log only warnings and the final result; no progress lines"),
@@ -64,7 +67,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimisation": ("--epochs", "--lr", "--weight-decay", "--patience", "--eval-every", "--device"),
     "loader": ("--num-workers", "--prefetch", "--features-on-device", "--no-keep-freed-memory"),
     "distributed": ("--failure-timeout",),
-    "checkpoint": ("--out", "--resume", "--checkpoint-every"),
+    "checkpoint": ("--out", "--resume", "--checkpoint-every", "--on-checkpoint-error"),
     "run": ("--config", "--quiet"),
 }
 """Section title -> its shared options, in help order."""
@@ -127,6 +130,24 @@ def check_out(path: Path, flag: str = "--out") -> None:
     except OSError as err:
         raise ValueError(f"{flag} {path} cannot be written: creating a file in {existing} failed ({err.strerror}); "
                          f"choose a folder you can write to") from None
+
+
+class OutputError(RuntimeError):
+    """A result or checkpoint could not be written (a full, read-only or immutable folder); the message is one
+    line naming the folder and what was kept.  A command ends with it as one ``error:`` line and status
+    :data:`EXIT_OUTPUT_ERROR`."""
+
+
+EXIT_OUTPUT_ERROR = 1
+"""Exit status of a run whose work was done (or stopped) but whose output could not be written."""
+
+
+def write_failure_reason(error: BaseException) -> str:
+    """Why a write failed, in a few words: ``strerror`` of an ``OSError``, else the first line of the message."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -254,10 +275,23 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank of a host finds the same: one line per host
             print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _run(parser, args, run, rules)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callable[[argparse.Namespace], Any],
+         rules: Iterable[NoEffect]) -> int:
+    """:func:`run_command` past the checks that need no torch: run, and turn each way of ending into its status.
+
+    A process of a distributed job ends within :data:`gnnscale.distributed.shutdown.EXIT_GRACE_SECONDS` of
+    this return, whatever its interpreter's finalisation meets (see :func:`~gnnscale.distributed.shutdown.
+    exit_deadline`).
+    """
     from gnnscale import interrupt
     from gnnscale.distributed.env import read_env, share_cores
+    from gnnscale.distributed.shutdown import exit_deadline
     from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
 
+    distributed = "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1"
     try:
         logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                             format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -273,9 +307,15 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
     except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OutputError as exc:  # what could be kept was (the result printed, the last checkpoint intact)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_OUTPUT_ERROR
     except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
         print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
         return 130
+    finally:
+        if distributed:
+            exit_deadline()
     return 0
 
 

@@ -50,7 +50,7 @@ from gnnscale.options import GRAD_SYNCS
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader, split_batches
 from gnnscale.pipeline.device import DeviceFeeder
 from gnnscale.progress import Progress
-from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, load_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit
 from gnnscale.train.gradclock import GradSumClock
 from gnnscale.train.shares import SeedShares
@@ -93,6 +93,8 @@ class TrainConfig:
     """Write ``checkpoint.pt`` every this many epochs (and after the last); 0 never."""
     resume: bool = False
     """Continue from the run folder's checkpoint when there is one."""
+    on_checkpoint_error: str = "stop"
+    """A checkpoint that cannot be written: ``stop`` the run (the last one intact), or ``warn`` and train on."""
     rank_capacity: str | None = None
     """``auto`` or ``w0,w1,...``: deal every step's seeds among ranks by speed (:mod:`gnnscale.train.shares`);
     None: each rank trains its own training nodes."""
@@ -207,6 +209,7 @@ class Trainer:
         self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
         self._check_pipeline_options()
         self.out, self.metric, self.show_progress = out, part.metric, show_progress and self.rank == 0
+        self.checkpoints = CheckpointWriter(out / CHECKPOINT_NAME, config.on_checkpoint_error) if out else None
         self.start, self.end = part.node_range
         self.exchanger = Exchanger(runtime.sample_group, self.rank, self.world_size)
         self.split = split
@@ -564,8 +567,8 @@ class Trainer:
         if self.rank != 0 or path is None or not every:
             return
         if state.epoch % every == 0 or state.epoch == self.config.epochs or state.stopped:
-            save_checkpoint(path, {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                   "fit": state.as_dict(), "fingerprint": self.fingerprint})
+            self.checkpoints.write({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                    "fit": state.as_dict(), "fingerprint": self.fingerprint})
 
     def _checkpoint_path(self) -> Path | None:
         return self.out / CHECKPOINT_NAME if self.out is not None else None
