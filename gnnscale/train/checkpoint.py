@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,22 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch.save reports an unopenable file as a RuntimeError
         kept = f"the last checkpoint there ({path.name}) is intact" if path.exists() else "no checkpoint was kept"
-        raise OutputError(f"cannot write a checkpoint in {path.parent} ({write_failure_reason(err)}); {kept}; "
+        raise OutputError(f"cannot write a checkpoint in {path.parent} ({_reason(err, path.parent)}); {kept}; "
                           f"make the folder writable (or free space) and rerun with --resume, or pass "
                           f"--on-checkpoint-error warn to train on without checkpoints") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def _reason(error: BaseException, folder: Path) -> str:
+    """The system's reason for ``error``; torch's "cannot be opened" names none, so ask the folder itself."""
+    if not isinstance(error, OSError):
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as probe:
+            error = probe
+    return write_failure_reason(error)
 
 
 class CheckpointWriter:
