@@ -138,6 +138,11 @@ class OutputError(RuntimeError):
     :data:`EXIT_OUTPUT_ERROR`."""
 
 
+class JobOptionError(ValueError):
+    """Bad input that every rank of a job finds alike (the same options, world size and files): rank 0
+    alone prints it, so a job refuses in one line, and the ranks leave the job as finished, not failed."""
+
+
 EXIT_OUTPUT_ERROR = 1
 """Exit status of a run whose work was done (or stopped) but whose output could not be written."""
 
@@ -305,7 +310,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callabl
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_FAILURE
     except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
-        print(f"error: {exc}", file=sys.stderr)
+        if not isinstance(exc, JobOptionError) or os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     except OutputError as exc:  # what could be kept was (the result printed, the last checkpoint intact)
         print(f"error: {exc}", file=sys.stderr, flush=True)

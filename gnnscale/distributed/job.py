@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from gnnscale.distributed.env import DistEnv, Runtime, init_runtime
 from gnnscale.distributed.shutdown import EXIT_GRACE_SECONDS, cancel_exit_deadline, exit_deadline
 from gnnscale.distributed.watchdog import Watchdog
+from gnnscale.options import JobOptionError
 
 log = logging.getLogger("gnnscale.distributed")
 
@@ -25,22 +26,26 @@ def joined_job(env: DistEnv, device: str, failure_timeout: float) -> Iterator[Ru
     must be gone when the block ends, so return plain results from it.
     """
     runtime = init_runtime(env, device, timeout=failure_timeout)
-    watchdog, finished = None, False
+    watchdog, finished, agreed = None, False, False
     try:
         if runtime.store is not None:
             owner = "the torchrun agent of the first node" if env.agent_store else "rank 0"
             watchdog = Watchdog.connect(env.master_addr, env.master_port, rank=env.rank, world_size=env.world_size,
                                         prefix=f"gnnscale/{env.restart_count}/watchdog/", timeout=failure_timeout,
                                         store_owner=owner).start()
-        with watchdog.guard() if watchdog is not None else contextlib.nullcontext():
-            yield runtime
-            runtime.barrier()
+        try:
+            with watchdog.guard() if watchdog is not None else contextlib.nullcontext():
+                yield runtime
+                runtime.barrier()
+        except JobOptionError:  # every rank refuses alike: none of them failed, none is to be reported
+            agreed = True
+            raise
         finished = True
     finally:
-        _leave(runtime, watchdog, finished, failure_timeout)
+        _leave(runtime, watchdog, finished, agreed, failure_timeout)
 
 
-def _leave(runtime: Runtime, watchdog: Watchdog | None, finished: bool, failure_timeout: float) -> None:
+def _leave(runtime: Runtime, watchdog: Watchdog | None, finished: bool, agreed: bool, failure_timeout: float) -> None:
     """Destroy the groups (the watchdog alive meanwhile), then say how this rank left, then leave the store."""
     if runtime.store is not None:
         exit_deadline(failure_timeout + EXIT_GRACE_SECONDS)
@@ -51,7 +56,7 @@ def _leave(runtime: Runtime, watchdog: Watchdog | None, finished: bool, failure_
                         "tensors stay held until the process ends", runtime.rank)
     finally:
         if watchdog is not None:  # a rank leaving with an error says so: its peers stop at once, naming it
-            watchdog.stop() if finished else watchdog.abort()
+            watchdog.stop() if finished or agreed else watchdog.abort()
         runtime.close(timeout=30.0 if finished else 0.0)
         if finished:  # the process goes on (results to write); after an error, it is on its way out: stay armed
             cancel_exit_deadline()

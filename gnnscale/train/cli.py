@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
-from gnnscale.options import (GRAD_SYNCS, WIRE_DTYPES, NoEffect, OutputError, Parser, add_section, run_command,
-                              write_failure_reason)
+from gnnscale.options import (GRAD_SYNCS, WIRE_DTYPES, JobOptionError, NoEffect, OutputError, Parser, add_section,
+                              run_command, write_failure_reason)
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -276,6 +276,7 @@ def run(args: argparse.Namespace) -> dict:
     name = _run_name(args)
     suffix = f"-{env.world_size}r" if env.world_size > 1 else ""
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
+    _check_before_writing(args, env.world_size, out)
     with joined_job(env, args.device, args.failure_timeout) as runtime:
         # Nothing that holds a process group (the trainer) may outlive this block: see joined_job.
         result, facts = _fit(args, runtime, out, (model_config, sampler_config, train_config, cache_config))
@@ -306,6 +307,20 @@ def _fit(args: argparse.Namespace, runtime, out: Path, configs: tuple) -> tuple[
     result = trainer.fit()
     return result, {"wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
                     "topology": "replicated" if trainer.replicated else "partitioned"}
+
+
+def _check_before_writing(args: argparse.Namespace, world_size: int, out: Path) -> None:
+    """On every rank, before the job is joined: what the options, the world size, ``out``'s checkpoint and
+    (with ``--partitions``) the manifest's graph size decide.  Without ``--partitions`` the graph's size is
+    checked by rank 0 before it partitions (:func:`_partition_on_rank0`)."""
+    from gnnscale.train.prechecks import check_graph_size, check_job_options, needs_graph_size
+
+    check_job_options(args, world_size, out)
+    if args.partitions is not None and needs_graph_size(args, world_size):
+        from partition.format import read_manifest
+
+        manifest = read_manifest(args.partitions)
+        check_graph_size(args, manifest["num_nodes"], manifest["num_edges"])
 
 
 def _run_name(args: argparse.Namespace) -> str:
@@ -361,11 +376,14 @@ def _partition_on_rank0(args: argparse.Namespace, runtime, folder: Path) -> None
 
     key = "partitioned"
     if runtime.rank == 0:
-        command = partition_command(args, runtime.world_size, folder)
-        log.info("no --partitions: partitioning first, as: %s", shlex.join(["python", *command[1:]]))
-        done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-        lines = done.stderr.strip().splitlines()
-        word = "ok" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
+        word = _graph_size_verdict(args, runtime.world_size)
+        if word == "ok":
+            command = partition_command(args, runtime.world_size, folder)
+            log.info("no --partitions: partitioning first, as: %s", shlex.join(["python", *command[1:]]))
+            done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+            lines = done.stderr.strip().splitlines()
+            word = "ok" if done.returncode == 0 else "partitioning on rank 0 failed: " + (
+                lines[-1].removeprefix("error: ") if lines else f"exit status {done.returncode}")
         runtime.store.set(key, word)
         runtime.store.add(f"{key}-done", 1)
     else:
@@ -374,8 +392,23 @@ def _partition_on_rank0(args: argparse.Namespace, runtime, folder: Path) -> None
         while runtime.store.add(f"{key}-done", 0) == 0:
             time.sleep(0.2)
         word = runtime.store.get(key).decode()
-    if word != "ok":
-        raise ValueError(f"partitioning on rank 0 failed: {word.removeprefix('error: ')}")
+    if word != "ok":  # every rank learnt the same word: rank 0 alone prints it
+        raise JobOptionError(word)
+
+
+def _graph_size_verdict(args: argparse.Namespace, world_size: int) -> str:
+    """``ok``, or why the whole graph's size refuses the options (rank 0, loading the dataset only when an
+    option depends on it), before anything is written."""
+    from gnnscale.train.prechecks import check_graph_size, needs_graph_size
+
+    if not needs_graph_size(args, world_size):
+        return "ok"
+    try:
+        dataset = dataset_from_args(args)
+        check_graph_size(args, dataset.num_nodes, dataset.num_edges)
+    except ValueError as err:  # bad data too: the word reaches every rank, rank 0 prints it
+        return str(err)
+    return "ok"
 
 
 def _join_negative_fanouts(argv: list[str]) -> list[str]:
