@@ -10,6 +10,7 @@ given options that cannot matter; what users see of both is in docs/training.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -294,7 +295,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callabl
     from gnnscale import interrupt
     from gnnscale.distributed.env import read_env, share_cores
     from gnnscale.distributed.shutdown import exit_deadline
-    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+    from gnnscale.distributed.watchdog import PeerFailure
 
     distributed = "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1"
     try:
@@ -306,23 +307,47 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callabl
             warn_no_effect(parser, args, rules, world_size=env.world_size)
         interrupt.install()
         run(args)
-    except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_PEER_FAILURE
-    except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
-        if not isinstance(exc, JobOptionError) or os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OutputError as exc:  # what could be kept was (the result printed, the last checkpoint intact)
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_OUTPUT_ERROR
-    except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
-        print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
-        return 130
+    except (PeerFailure, ValueError, FileNotFoundError, OutputError, KeyboardInterrupt) as exc:
+        status = report_error(exc)
+        assert status is not None
+        return status
     finally:
         if distributed:
             exit_deadline()
     return 0
+
+
+def report_error(exc: BaseException) -> int | None:
+    """Print the one line a command ends with for ``exc`` and return its exit status; None for an exception
+    that is a bug (its traceback is the report).  Printed once: a rank leaving a job reports before it
+    marks itself failed (:func:`gnnscale.distributed.job.joined_job`; torchrun may end it any moment
+    after), and the command's own handler then finds it reported.
+
+    Statuses: another rank died or hung, 3 (``EXIT_PEER_FAILURE``); user input, 2 (a
+    :class:`JobOptionError` printed by rank 0 alone); an output not written, 1; Ctrl-C, 130.
+    """
+    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+
+    reported = getattr(exc, "_gnnscale_status", None)
+    if reported is not None:
+        return reported
+    if isinstance(exc, PeerFailure):  # another rank died or hung: name it, and let torchrun restart the job
+        status, line = EXIT_PEER_FAILURE, f"error: {exc}"
+    elif isinstance(exc, (ValueError, FileNotFoundError)):  # user input problems
+        status, line = 2, f"error: {exc}"
+        if isinstance(exc, JobOptionError) and os.environ.get("RANK", "0") != "0":
+            line = None
+    elif isinstance(exc, OutputError):  # what could be kept was (the result printed, the last checkpoint intact)
+        status, line = EXIT_OUTPUT_ERROR, f"error: {exc}"
+    elif isinstance(exc, KeyboardInterrupt):  # the loader's workers were stopped on the way out
+        status, line = 130, "interrupted: no metrics.json written"
+    else:
+        return None
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    with contextlib.suppress(AttributeError):
+        exc._gnnscale_status = status  # type: ignore[attr-defined]
+    return status
 
 
 def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -117,9 +117,9 @@ class Runtime:
         return destroy_groups(groups)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Leave the job.  A rank that hosts the store waits (up to ``timeout``; 0 after a failure,
+        """Leave the job.  A rank that hosts the store waits (up to ``timeout``; briefly after a failure,
         when peers may never come) for the others to leave first: its exit takes the store down,
-        and a peer still tearing down would hang on it."""
+        and a peer still tearing down would hang on it, or report the store instead of the failure."""
         self.leave_groups()
         store, self.store = self.store, None
         if store is None:

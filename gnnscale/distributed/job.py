@@ -9,9 +9,14 @@ from collections.abc import Iterator
 from gnnscale.distributed.env import DistEnv, Runtime, init_runtime
 from gnnscale.distributed.shutdown import EXIT_GRACE_SECONDS, cancel_exit_deadline, exit_deadline
 from gnnscale.distributed.watchdog import Watchdog
-from gnnscale.options import JobOptionError
+from gnnscale.options import JobOptionError, report_error
 
 log = logging.getLogger("gnnscale.distributed")
+
+
+ERROR_LINGER_SECONDS = 2.0
+"""How long a rank hosting the store waits, after an error, for its peers to read its mark and leave: leaving at
+once would take the store down under them, and each would report that instead of the rank that failed."""
 
 
 @contextlib.contextmanager
@@ -37,8 +42,10 @@ def joined_job(env: DistEnv, device: str, failure_timeout: float) -> Iterator[Ru
             with watchdog.guard() if watchdog is not None else contextlib.nullcontext():
                 yield runtime
                 runtime.barrier()
-        except JobOptionError:  # every rank refuses alike: none of them failed, none is to be reported
-            agreed = True
+        except BaseException as error:
+            agreed = isinstance(error, JobOptionError)  # every rank refuses alike: none failed, none to report
+            # The line now: once this rank is marked failed its peers stop, and torchrun may end it any moment.
+            report_error(error)
             raise
         finished = True
     finally:
@@ -57,6 +64,6 @@ def _leave(runtime: Runtime, watchdog: Watchdog | None, finished: bool, agreed: 
     finally:
         if watchdog is not None:  # a rank leaving with an error says so: its peers stop at once, naming it
             watchdog.stop() if finished or agreed else watchdog.abort()
-        runtime.close(timeout=30.0 if finished else 0.0)
+        runtime.close(timeout=30.0 if finished else ERROR_LINGER_SECONDS)
         if finished:  # the process goes on (results to write); after an error, it is on its way out: stay armed
             cancel_exit_deadline()
