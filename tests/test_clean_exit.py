@@ -87,6 +87,22 @@ def test_the_formerly_hanging_configuration_exits(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("grad_sync", ["step", "late"])
+def test_node_classification_exits_every_time(tmp_path: Path, grad_sync: str) -> None:
+    """The other command: DDP (step) or the bucketed gradient sum (late) on a 2-part synthetic graph."""
+    parts = tmp_path / "parts"
+    done = subprocess.run([sys.executable, "-m", "partition", "--num-nodes", "2000", "--feat-dim", "8", "--num-parts",
+                           "2", "--out", str(parts), "--quiet"], capture_output=True, text=True, env=child_env(),
+                          cwd=ROOT, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    command = [TORCHRUN, "--standalone", "--nproc_per_node=2", str(ROOT / "scripts" / "train_node_classification.py"),
+               "--partitions", str(parts), "--out", str(tmp_path / "run"), "--num-layers", "2", "--hidden", "8",
+               "--fanouts", "5,5", "--batch-size", "128", "--epochs", "1", "--quiet", "--grad-sync", grad_sync]
+    seconds = [run_until_exit(command, f"{grad_sync} run {i + 1}") for i in range(COMBINATION_RUNS)]
+    print(f"node classification, --grad-sync {grad_sync}: {len(seconds)} runs, {sum(seconds):.0f} s")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("combination", COMBINATIONS, ids=lambda c: f"{c[0]}-static{int(c[1])}-k{c[2]}")
 def test_every_combination_exits_every_time(tmp_path: Path, combination: tuple[str, bool, int]) -> None:
     runs = HANGING_RUNS if combination == HANGING else COMBINATION_RUNS
