@@ -310,11 +310,26 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callabl
     except (PeerFailure, ValueError, FileNotFoundError, OutputError, KeyboardInterrupt) as exc:
         status = report_error(exc)
         assert status is not None
-        return status
+    else:
+        status = 0
     finally:
         if distributed:
             exit_deadline()
-    return 0
+    if distributed and status != 0:
+        _exit_now(status)
+    return status
+
+
+def _exit_now(status: int) -> None:
+    """End a rank that left its job with an error, skipping the interpreter's finalisation.  Its process groups
+    may still be referenced (the error's traceback held the trainer) and may hold collectives queued for peers
+    that left: destroying them waits for each to time out (``--failure-timeout``), longer than torchrun's 30 s
+    grace.  Everything there is to keep was written and printed already."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def report_error(exc: BaseException) -> int | None:

@@ -35,10 +35,11 @@ def _check_options(args: argparse.Namespace, world_size: int, out: Path) -> None
         parse_capacity(args.rank_capacity, world_size)
         if args.topology == "partitioned":
             check_replicated_needs(args, replicated=False)
-    if args.resume and (out / "checkpoint.pt").exists():
+    if args.resume and world_size > 1 and args.partitions is None and (out / "checkpoint.pt").exists():
         from gnnscale.train.checkpoint import load_checkpoint
 
-        # Only what is known before the data: the trainer compares the whole fingerprint when it resumes.
+        # Before rank 0 writes <out>/partitions, what is known before the data (the trainer compares the whole
+        # fingerprint when it resumes; elsewhere nothing is written before it does).
         load_checkpoint(out / "checkpoint.pt", {"world_size": world_size})
 
 
