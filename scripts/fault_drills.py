@@ -79,8 +79,8 @@ def run_drill(drill: str, parts: Path, work: Path, failure_timeout: float, limit
               launcher: tuple[str, ...] = ()) -> dict:
     """One drill: start the job, wait for its first checkpoint, inject, time the exit (or give up at ``limit``)."""
     out = work / drill
-    command = [TORCHRUN, "--standalone", "--nproc_per_node=2", *launcher, TRAIN, "--partitions", str(parts), "--out", str(out),
-               "--failure-timeout", str(failure_timeout), *TRAIN_ARGS]
+    command = [TORCHRUN, "--standalone", "--nproc_per_node=2", *launcher, TRAIN, "--partitions", str(parts),
+               "--out", str(out), "--failure-timeout", str(failure_timeout), *TRAIN_ARGS]
     log = work / f"{drill}.log"
     with open(log, "w") as sink:
         agent = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)

@@ -147,3 +147,22 @@ def test_metrics_failure_prints_the_result_first_temporal(tmp_path: Path, frozen
     result, payload = done.stdout.split("\n", 1)
     assert "test AP" in result and json.loads(payload)["epochs_run"] == 30
     assert tree_digest(out) == digest
+
+
+def test_checkpoint_writer_policies(tmp_path: Path, frozen, caplog: pytest.LogCaptureFixture) -> None:
+    from gnnscale.options import OutputError
+    from gnnscale.train.checkpoint import CheckpointWriter
+
+    with pytest.raises(ValueError, match="--on-checkpoint-error must be one of stop, warn, got 'ignore'"):
+        CheckpointWriter(tmp_path / "checkpoint.pt", "ignore")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    stop, warn = CheckpointWriter(folder / "checkpoint.pt"), CheckpointWriter(folder / "checkpoint.pt", "warn")
+    assert stop.write({"epoch": 1})
+    frozen(folder)
+    with pytest.raises(OutputError, match=r"cannot write a checkpoint in .*run \(.+\); the last checkpoint there "
+                                          r"\(checkpoint.pt\) is intact"):
+        stop.write({"epoch": 2})
+    assert not warn.write({"epoch": 2}) and not warn.write({"epoch": 3}) and warn.failing
+    assert sum("cannot write a checkpoint" in r.getMessage() for r in caplog.records) == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pt"]

@@ -209,7 +209,7 @@ class Trainer:
         self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
         self._check_pipeline_options()
         self.out, self.metric, self.show_progress = out, part.metric, show_progress and self.rank == 0
-        self.checkpoints = CheckpointWriter(out / CHECKPOINT_NAME, config.on_checkpoint_error) if out else None
+        self.checkpoints = None if out is None else CheckpointWriter(out / CHECKPOINT_NAME, config.on_checkpoint_error)
         self.start, self.end = part.node_range
         self.exchanger = Exchanger(runtime.sample_group, self.rank, self.world_size)
         self.split = split
