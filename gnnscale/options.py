@@ -358,8 +358,9 @@ def report_error(exc: BaseException) -> int | None:
         status, line = 130, "interrupted: no metrics.json written"
     else:
         return None
-    if line is not None:
-        print(line, file=sys.stderr, flush=True)
+    if line is not None:  # one write: the ranks of a host share the terminal, and print() writes the newline apart
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     with contextlib.suppress(AttributeError):
         exc._gnnscale_status = status  # type: ignore[attr-defined]
     return status

@@ -13,7 +13,7 @@ from test_clean_exit import child_env
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 5.0
 SLACK = 12.0
-"""Seconds allowed past --failure-timeout: measured 4.5-5.5 s here; torchrun's grace alone would be 30."""
+"""Seconds allowed past --failure-timeout: measured 2.6-8.2 s here; torchrun's grace alone would be 30."""
 
 
 def test_a_stopped_rank_ends_the_job_within_the_failure_timeout(tmp_path: Path) -> None:
