@@ -10,6 +10,7 @@ given options that cannot matter; what users see of both is in docs/training.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -19,7 +20,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 log = logging.getLogger("gnnscale")
 
@@ -54,6 +55,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--resume": dict(action="store_true", help="continue from <out>/checkpoint.pt if it exists (use with torchrun "
                      "--max-restarts)"),
     "--checkpoint-every": dict(type=int, default=1, help="epochs between checkpoints; 0 = never"),
+    "--on-checkpoint-error": dict(choices=("stop", "warn"), default="stop", help="a checkpoint that cannot be "
+                                  "written (full or read-only --out): stop the run with one error line, the last "
+                                  "checkpoint intact, or warn once and train on (the result is still written)"),
     "--config": dict(type=Path, default=None, metavar="RECIPE.toml", help="read options from a TOML recipe "
                      "(keys: the long option names, e.g. num-layers = 2); options given here override it"),
     "--quiet": dict(action="store_true", help="log only warnings and the final result; no progress lines"),
@@ -65,7 +69,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "optimisation": ("--epochs", "--lr", "--weight-decay", "--patience", "--eval-every", "--device"),
     "loader": ("--num-workers", "--prefetch", "--features-on-device", "--no-keep-freed-memory"),
     "distributed": ("--failure-timeout",),
-    "checkpoint": ("--out", "--resume", "--checkpoint-every"),
+    "checkpoint": ("--out", "--resume", "--checkpoint-every", "--on-checkpoint-error"),
     "run": ("--config", "--quiet"),
 }
 """Section title -> its shared options, in help order."""
@@ -128,6 +132,29 @@ def check_out(path: Path, flag: str = "--out") -> None:
     except OSError as err:
         raise ValueError(f"{flag} {path} cannot be written: creating a file in {existing} failed ({err.strerror}); "
                          f"choose a folder you can write to") from None
+
+
+class OutputError(RuntimeError):
+    """A result or checkpoint could not be written (a full, read-only or immutable folder); the message is one
+    line naming the folder and what was kept.  A command ends with it as one ``error:`` line and status
+    :data:`EXIT_OUTPUT_ERROR`."""
+
+
+class JobOptionError(ValueError):
+    """Bad input that every rank of a job finds alike (the same options, world size and files): rank 0
+    alone prints it, so a job refuses in one line, and the ranks leave the job as finished, not failed."""
+
+
+EXIT_OUTPUT_ERROR = 1
+"""Exit status of a run whose work was done (or stopped) but whose output could not be written."""
+
+
+def write_failure_reason(error: BaseException) -> str:
+    """Why a write failed, in a few words: ``strerror`` of an ``OSError``, else the first line of the message."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 WIRE_DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -255,10 +282,23 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank of a host finds the same: one line per host
             print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _run(parser, args, run, rules)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, run: Callable[[argparse.Namespace], Any],
+         rules: Iterable[NoEffect]) -> int:
+    """:func:`run_command` past the checks that need no torch: run, and turn each way of ending into its status.
+
+    A process of a distributed job ends within :data:`gnnscale.distributed.shutdown.EXIT_GRACE_SECONDS` of
+    this return, whatever its interpreter's finalisation meets (see :func:`~gnnscale.distributed.shutdown.
+    exit_deadline`).
+    """
     from gnnscale import interrupt
     from gnnscale.distributed.env import read_env, share_cores
-    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+    from gnnscale.distributed.shutdown import exit_deadline
+    from gnnscale.distributed.watchdog import PeerFailure
 
+    distributed = "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1"
     try:
         logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                             format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -267,17 +307,65 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         if env.is_main:  # every rank sees the same options: one warning is enough
             warn_no_effect(parser, args, rules, world_size=env.world_size)
         interrupt.install()
-        run(args)
-    except PeerFailure as exc:  # another rank died or hung: name it, and let torchrun restart the job
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_PEER_FAILURE
-    except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
-        print(f"error: {as_flags(parser, str(exc))}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
-        print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
-        return 130
-    return 0
+        with flags_in_errors(parser):
+            run(args)
+    except (PeerFailure, ValueError, FileNotFoundError, OutputError, KeyboardInterrupt) as exc:
+        status = report_error(exc)
+        assert status is not None
+    else:
+        status = 0
+    finally:
+        if distributed:
+            exit_deadline()
+    if distributed and status != 0:
+        _exit_now(status)
+    return status
+
+
+def _exit_now(status: int) -> None:
+    """End a rank that left its job with an error, skipping the interpreter's finalisation.  Its process groups
+    may still be referenced (the error's traceback held the trainer) and may hold collectives queued for peers
+    that left: destroying them waits for each to time out (``--failure-timeout``), longer than torchrun's 30 s
+    grace.  Everything there is to keep was written and printed already."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def report_error(exc: BaseException) -> int | None:
+    """Print the one line a command ends with for ``exc`` and return its exit status; None for an exception
+    that is a bug (its traceback is the report).  Printed once: a rank leaving a job reports before it
+    marks itself failed (:func:`gnnscale.distributed.job.joined_job`; torchrun may end it any moment
+    after), and the command's own handler then finds it reported.
+
+    Statuses: another rank died or hung, 3 (``EXIT_PEER_FAILURE``); user input, 2 (a
+    :class:`JobOptionError` printed by rank 0 alone); an output not written, 1; Ctrl-C, 130.
+    """
+    from gnnscale.distributed.watchdog import EXIT_PEER_FAILURE, PeerFailure
+
+    reported = getattr(exc, "_gnnscale_status", None)
+    if reported is not None:
+        return reported
+    if isinstance(exc, PeerFailure):  # another rank died or hung: name it, and let torchrun restart the job
+        status, line = EXIT_PEER_FAILURE, f"error: {exc}"
+    elif isinstance(exc, (ValueError, FileNotFoundError)):  # user input problems
+        status, line = 2, f"error: {exc}"
+        if isinstance(exc, JobOptionError) and os.environ.get("RANK", "0") != "0":
+            line = None
+    elif isinstance(exc, OutputError):  # what could be kept was (the result printed, the last checkpoint intact)
+        status, line = EXIT_OUTPUT_ERROR, f"error: {exc}"
+    elif isinstance(exc, KeyboardInterrupt):  # the loader's workers were stopped on the way out
+        status, line = 130, "interrupted: no metrics.json written"
+    else:
+        return None
+    if line is not None:  # one write: the ranks of a host share the terminal, and print() writes the newline apart
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    with contextlib.suppress(AttributeError):
+        exc._gnnscale_status = status  # type: ignore[attr-defined]
+    return status
 
 
 def as_flags(parser: argparse.ArgumentParser, message: str) -> str:
@@ -291,6 +379,19 @@ def as_flags(parser: argparse.ArgumentParser, message: str) -> str:
         bare = rf"(?<![-\w]){name}\b(?!=)" if "_" in action.dest else rf"(?<![-\w]){name}(?= must\b)"
         message = re.sub(bare, flag, message)
     return message
+
+
+@contextlib.contextmanager
+def flags_in_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """Inside, a ``ValueError`` the library raises leaves with its message in the command's flags
+    (:func:`as_flags`); the exception itself, and its type, are kept.  Use it inside the job's block as well,
+    where a rank leaving with an error reports it before the command's own handler sees it."""
+    try:
+        yield
+    except ValueError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (as_flags(parser, exc.args[0]), *exc.args[1:])
+        raise
 
 
 def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -20,7 +20,8 @@ from torch import Tensor
 # being destroyed right then, its destructor holds the GIL while joining that very thread: a
 # deadlock (seen in torch 2.2.1 at the end of runs).  Holding the tensors here keeps the last
 # reference ours, also after the Exchanger that sent them is gone (a trainer freed before the job
-# is left); :func:`release_kept` lets go once the groups are destroyed.
+# is left); :func:`release_kept` lets go once the groups are destroyed -- really destroyed, not only dropped from
+# torch's registry: :func:`gnnscale.distributed.shutdown.destroy_groups` checks that no group survived first.
 _KEPT: collections.deque[Tensor] = collections.deque(maxlen=64)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gnnscale.distributed.comm import release_kept
+from gnnscale.distributed.shutdown import destroy_groups
 
 log = logging.getLogger("gnnscale.distributed")
 
@@ -109,14 +109,19 @@ class Runtime:
         if self.sample_group is not None:
             dist.barrier(group=self.sample_group)
 
+    def leave_groups(self) -> bool:
+        """Destroy the process groups (see :func:`gnnscale.distributed.shutdown.destroy_groups`); whether none
+        survived (a caller still holding a trainer keeps its groups alive)."""
+        groups = [self.group, self.sample_group]
+        self.group = self.sample_group = None
+        return destroy_groups(groups)
+
     def close(self, timeout: float = 30.0) -> None:
-        """Leave the job.  A rank that hosts the store waits (up to ``timeout``; 0 after a failure,
+        """Leave the job.  A rank that hosts the store waits (up to ``timeout``; briefly after a failure,
         when peers may never come) for the others to leave first: its exit takes the store down,
-        and a peer still tearing down would hang on it."""
-        if dist.is_initialized():
-            dist.destroy_process_group()
-            release_kept()
-        store, self.group, self.sample_group, self.store = self.store, None, None, None
+        and a peer still tearing down would hang on it, or report the store instead of the failure."""
+        self.leave_groups()
+        store, self.store = self.store, None
         if store is None:
             return
         try:

@@ -16,6 +16,7 @@ The temporal trainer arms it so that sums start during the backward; node classi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -50,8 +51,13 @@ class GradientSum:
         self._armed = False
         self._waiting: list[int] = []
         self._started: list[Callable[[], Tensor]] = []
+        # Through a weak reference: a hook holding ``self`` would make parameter -> hook -> self -> parameter a
+        # cycle that gc cannot see through (autograd's C++ nodes hold the parameters too), so this object and
+        # its Exchanger's process group would live until the interpreter finalises -- where destroying a gloo
+        # group hangs (gnnscale.distributed.shutdown).
+        hook = _weak_hook(weakref.ref(self))
         for p in params:
-            p.register_post_accumulate_grad_hook(self._ready)
+            p.register_post_accumulate_grad_hook(hook)
 
     def arm(self) -> None:
         """Start buckets during the next backward (the one ending an accumulation)."""
@@ -91,3 +97,12 @@ class GradientSum:
                          [torch.tensor([float(p.grad is not None) for p in bucket], dtype=bucket[0].dtype,
                                        device=bucket[0].device)])
         self._started.append(self.comm.all_reduce_start(flat if self.dtype is None else flat.to(self.dtype)))
+
+
+def _weak_hook(owner: weakref.ref[GradientSum]) -> Callable[[nn.Parameter], None]:
+    """A post-accumulate-grad hook calling ``owner()._ready`` while the :class:`GradientSum` lives."""
+    def hook(p: nn.Parameter) -> None:
+        live = owner()
+        if live is not None:
+            live._ready(p)
+    return hook

@@ -22,11 +22,14 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import signal
+import socket
 import sys
 import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch.distributed as dist
@@ -206,6 +209,8 @@ class Watchdog:
             raise RuntimeError("Watchdog.start() called twice: a watchdog runs once; create a new one")
         self._tracker = HeartbeatTracker(peers=[r for r in range(self.world_size) if r != self.rank],
                                          timeout=self.config.timeout, started=time.monotonic())
+        if self.config.exit_on_failure:  # where this process runs: a peer on the same host can end it (see below)
+            self.store.set(f"pid/{self.rank}", f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}")
         self._threads = [threading.Thread(target=self._pulse, daemon=True, name="gnnscale-watchdog-pulse"),
                          threading.Thread(target=self._monitor, daemon=True, name="gnnscale-watchdog-monitor")]
         for thread in self._threads:
@@ -314,7 +319,8 @@ class Watchdog:
                     self._fail(self._errored_message(errored), tuple(errored))
                     return
                 if stale:
-                    self._fail(self._peer_message(stale, tracker, round_started), tuple(stale))
+                    message = self._peer_message(stale, tracker, round_started)
+                    self._fail(message + self._end_local_peers(stale), tuple(stale))
                     return
                 self._stopping.wait(self.config.interval)
             if self._mark is not None:
@@ -351,6 +357,26 @@ class Watchdog:
         return (f"gnnscale: {subject} not answered for {silence:.0f} s (killed, crashed or hung){note}; "
                 f"stopping rank {self.rank}")
 
+    def _end_local_peers(self, stale: list[int]) -> str:
+        """SIGKILL the silent peers that run on this host; what to add to the failure message.
+
+        A stopped rank (SIGSTOP, or a machine paused) cannot act on torchrun's SIGTERM, and torchrun waits 30 s
+        before its SIGKILL: without this the job would end ``--failure-timeout`` + 30 s after the rank's last
+        sign of life.  Only when this process is about to exit anyway (``exit_on_failure``), and only a process
+        whose host, pid and start time match what the peer registered (never a reused pid)."""
+        if not self.config.exit_on_failure:
+            return ""
+        ended = []
+        for rank in stale:
+            with suppress(Exception):  # the store or the process may be gone: torchrun's own cleanup remains
+                if self._tracker is None or not self._tracker.heard_from(rank):  # a get would wait for its key
+                    continue
+                host, pid, started = self.store.get(f"pid/{rank}").decode().split(" ")
+                if host == socket.gethostname() and started and _start_time(int(pid)) == started:
+                    os.kill(int(pid), signal.SIGKILL)
+                    ended.append(f"{rank} (pid {pid})")
+        return f"; killed silent rank {', '.join(ended)} on this host, so the job ends now" if ended else ""
+
     def _errored_message(self, errored: list[int]) -> str:
         subject = f"rank {errored[0]}" if len(errored) == 1 else f"ranks {', '.join(map(str, errored))}"
         return (f"gnnscale: {subject} of {self.world_size} stopped with an error (its own line above says why); "
@@ -382,3 +408,12 @@ class Watchdog:
         # os.write: sys.stderr's lock may be held by the main thread, stuck mid-write.
         with suppress(OSError):
             os.write(2, (message + "\n").encode())
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, Linux), or "" where unknown: with the pid, an
+    identity that a reused pid does not share."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""

@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "for MRR")
     _add_loader_options(parser.add_argument_group("loader"))
     _add_distributed_options(add_section(parser, "distributed"))
-    add_section(parser, "checkpoint")
+    # The temporal trainer's checkpoints stop the run on a failed write (no --on-checkpoint-error policy).
+    add_section(parser, "checkpoint", without=("--on-checkpoint-error",))
     add_section(parser, "run")
     return parser
 
@@ -192,15 +193,15 @@ def run(args: argparse.Namespace) -> dict:
         best = _train_distributed(args, events, split, env, out)
     metrics = _metrics(args, events.name, best, env)
     if env.is_main:
-        from gnnscale.train.cli import write_json_atomic
+        from gnnscale.train.cli import publish_metrics
 
-        write_json_atomic(out / "metrics.json", metrics)
         ranks = "" if not env.is_distributed else f" on {env.world_size} ranks" + (
             f" ({args.parallelism} parallelism)" if args.parallelism != "sharded" else f" (K={args.staleness}: staleness max "
             f"{metrics['staleness_max']}, mean {metrics['staleness_mean']:.3f})")
-        print(f"{events.name} tgn{ranks}: test AP {metrics['test_ap']:.4f} (inductive "
-              f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP {metrics['val_ap']:.4f};"
-              f" best epoch {best['best_epoch']}/{best['epochs_run']} -> {out / 'metrics.json'}", flush=True)
+        publish_metrics(out / "metrics.json", metrics,
+                        f"{events.name} tgn{ranks}: test AP {metrics['test_ap']:.4f} (inductive "
+                        f"{metrics['test_ap_inductive']:.4f}), test MRR {metrics['test_mrr']:.4f}; val AP "
+                        f"{metrics['val_ap']:.4f}; best epoch {best['best_epoch']}/{best['epochs_run']}")
     return metrics
 
 

@@ -9,11 +9,18 @@ renamed into place, so a crash mid-write leaves the previous checkpoint intact.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from gnnscale.options import OutputError, write_failure_reason
+
+log = logging.getLogger("gnnscale.train")
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -22,15 +29,72 @@ IMPLIED_FINGERPRINT = {"wire_dtype": "float32"}
 lacking them was written with (so those still resume, and only with the same setting)."""
 
 
+ON_CHECKPOINT_ERROR = ("stop", "warn")
+"""``--on-checkpoint-error`` choices: stop the run (the last good checkpoint intact), or warn and train on."""
+
+
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` (plus the format version) to ``path`` atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``payload`` (plus the format version) to ``path`` atomically.
+
+    Raises:
+        OutputError: the folder cannot be written (full, read-only, immutable); one line naming it.  A
+            previous checkpoint at ``path`` is left as it was.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"format_version": FORMAT_VERSION, **payload}, tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch.save reports an unopenable file as a RuntimeError
+        kept = f"the last checkpoint there ({path.name}) is intact" if path.exists() else "no checkpoint was kept"
+        raise OutputError(f"cannot write a checkpoint in {path.parent} ({_reason(err, path.parent)}); {kept}; "
+                          f"make the folder writable (or free space) and rerun with --resume, or pass "
+                          f"--on-checkpoint-error warn to train on without checkpoints") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def _reason(error: BaseException, folder: Path) -> str:
+    """The system's reason for ``error``; torch's "cannot be opened" names none, so ask the folder itself."""
+    if not isinstance(error, OSError):
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as probe:
+            error = probe
+    return write_failure_reason(error)
+
+
+class CheckpointWriter:
+    """Writes a run's checkpoints to ``path`` under an ``on_error`` policy (:data:`ON_CHECKPOINT_ERROR`).
+
+    ``stop`` raises the :class:`OutputError` of a failed write; ``warn`` logs it (once while the failures
+    last, and once more when a write succeeds again) and lets the run go on.
+    """
+
+    def __init__(self, path: Path, on_error: str = "stop") -> None:
+        if on_error not in ON_CHECKPOINT_ERROR:
+            raise ValueError(f"--on-checkpoint-error must be one of {', '.join(ON_CHECKPOINT_ERROR)}, got "
+                             f"{on_error!r}")
+        self.path, self.on_error = path, on_error
+        self.failing = False
+        """The last write failed (``warn`` only)."""
+
+    def write(self, payload: dict[str, Any]) -> bool:
+        """Save ``payload``; whether it was written."""
+        try:
+            save_checkpoint(self.path, payload)
+        except OutputError as err:
+            if self.on_error == "stop":
+                raise
+            if not self.failing:
+                log.warning("%s; training goes on (--on-checkpoint-error warn)", err)
+            self.failing = True
+            return False
+        if self.failing:
+            log.warning("checkpoint written to %s again", self.path)
+        self.failing = False
+        return True
 
 
 def load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:

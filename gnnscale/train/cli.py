@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
-from gnnscale.options import GRAD_SYNCS, WIRE_DTYPES, NoEffect, Parser, add_section, run_command
+from gnnscale.options import (GRAD_SYNCS, WIRE_DTYPES, JobOptionError, NoEffect, OutputError, Parser, add_section,
+                              run_command, write_failure_reason)
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -150,6 +152,8 @@ NO_EFFECT = (
              "generated, not read"),
     NoEffect("--features-on-device", lambda args, world_size: not args.device.startswith("cuda"),
              "with --device cpu the feature table is already there"),
+    NoEffect("--on-checkpoint-error", lambda args, world_size: args.checkpoint_every == 0, "--checkpoint-every 0 "
+             "writes no checkpoint"),
     NoEffect("--failure-timeout", lambda args, world_size: world_size == 1, "a world of one has no other rank "
              "to wait for"),
     NoEffect("--wire-dtype", lambda args, world_size: world_size == 1, "a world of one sends no rows over a wire"),
@@ -188,8 +192,29 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     """Write ``payload`` (see :func:`strict_json`) so that ``path`` is either absent or complete, never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(strict_json(payload))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(strict_json(payload))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def publish_metrics(path: Path, metrics: dict, line: str) -> None:
+    """Write ``metrics`` to ``path``, then print the result ``line`` pointing at it (stdout).
+
+    A write that fails loses nothing: the line and the metrics JSON are printed to stdout first, then
+    :class:`~gnnscale.options.OutputError` (one line naming the folder) is raised.
+    """
+    try:
+        write_json_atomic(path, metrics)
+    except OSError as err:
+        print(f"{line} (metrics.json not written; the metrics follow)", flush=True)
+        print(strict_json(metrics), end="", flush=True)
+        raise OutputError(f"cannot write {path.name} in {path.parent} ({write_failure_reason(err)}); the result "
+                          f"line and the metrics JSON are on stdout above; make the folder writable, or give "
+                          f"another --out next time") from None
+    print(f"{line} -> {path}", flush=True)
 
 
 def default_num_workers(cores: int, world_size: int, grad_sync: str) -> int:
@@ -225,6 +250,7 @@ def build_configs(args: argparse.Namespace):
                                seed=args.seed, num_workers=args.num_workers,
                                prefetch=args.prefetch, features_on_device=args.features_on_device,
                                checkpoint_every=args.checkpoint_every, resume=args.resume,
+                               on_checkpoint_error=args.on_checkpoint_error,
                                rank_capacity=args.rank_capacity, grad_sync=args.grad_sync)
     cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype,
                                topology=args.topology, topology_budget_mb=args.topology_budget_mb)
@@ -246,7 +272,6 @@ def run(args: argparse.Namespace) -> dict:
     """Train on 1..N ranks (a plain launch is a world of one) and write ``metrics.json`` from rank 0."""
     from gnnscale.distributed.env import read_env
     from gnnscale.distributed.job import joined_job
-    from gnnscale.train.trainer import Trainer
 
     env = read_env()
     if env.rank != 0:
@@ -256,29 +281,56 @@ def run(args: argparse.Namespace) -> dict:
     name = _run_name(args)
     suffix = f"-{env.world_size}r" if env.world_size > 1 else ""
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
-    with joined_job(env, args.device, args.failure_timeout) as runtime:
-        part = _open_partition(args, runtime, out)
-        trainer = Trainer.on_partition(part, runtime, split=args.split, model_config=model_config, sampler_config=sampler_config,
-                          config=train_config, cache_config=cache_config, out=out, show_progress=not args.quiet)
-        result = trainer.fit()
-        if args.save_predictions:  # every rank writes its share: a collective
-            trainer.predict().save(out / "predictions")
+    _check_before_writing(args, env.world_size, out)
+    # The library names its arguments; inside the job a failing rank reports before main() sees the error.
+    with joined_job(env, args.device, args.failure_timeout) as runtime, flags_in_errors(build_parser()):
+        # Nothing that holds a process group (the trainer) may outlive this block: see joined_job.
+        result, facts = _fit(args, runtime, out, (model_config, sampler_config, train_config, cache_config))
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
-        "world_size": env.world_size, "wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
-        "topology": "replicated" if trainer.replicated else "partitioned",
+        "world_size": env.world_size, **facts,
         "partitions": str(args.partitions) if args.partitions else None,
         "predictions": str(out / "predictions") if args.save_predictions else None,
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,
     }
     if env.is_main:
-        write_json_atomic(out / "metrics.json", metrics)
-        print(f"{name} {args.model} on {env.world_size} rank(s): test {result.metric} {result.test:.4f} "
-              f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
-              f"{result.train_seconds:.1f}s training) -> {out / 'metrics.json'}", flush=True)
+        publish_metrics(out / "metrics.json", metrics,
+                        f"{name} {args.model} on {env.world_size} rank(s): test {result.metric} {result.test:.4f} "
+                        f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
+                        f"{result.train_seconds:.1f}s training)")
     return metrics
+
+
+def _fit(args: argparse.Namespace, runtime, out: Path, configs: tuple) -> tuple[Any, dict]:
+    """Train this rank's partition; ``(TrainResult, facts of the run for metrics.json)``, plain values only."""
+    from gnnscale.train.trainer import Trainer
+
+    model_config, sampler_config, train_config, cache_config = configs
+    part = _open_partition(args, runtime, out)
+    trainer = Trainer.on_partition(part, runtime, split=args.split, model_config=model_config,
+                                   sampler_config=sampler_config, config=train_config, cache_config=cache_config,
+                                   out=out, show_progress=not args.quiet)
+    result = trainer.fit()
+    if args.save_predictions:  # every rank writes its share: a collective
+        trainer.predict().save(out / "predictions")
+    return result, {"wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
+                    "topology": "replicated" if trainer.replicated else "partitioned"}
+
+
+def _check_before_writing(args: argparse.Namespace, world_size: int, out: Path) -> None:
+    """On every rank, before the job is joined: what the options, the world size, ``out``'s checkpoint and
+    (with ``--partitions``) the manifest's graph size decide.  Without ``--partitions`` the graph's size is
+    checked by rank 0 before it partitions (:func:`_partition_on_rank0`)."""
+    from gnnscale.train.prechecks import check_graph_size, check_job_options, needs_graph_size
+
+    check_job_options(args, world_size, out)
+    if args.partitions is not None and needs_graph_size(args, world_size):
+        from partition.format import read_manifest
+
+        manifest = read_manifest(args.partitions)
+        check_graph_size(args, manifest["num_nodes"], manifest["num_edges"])
 
 
 def _run_name(args: argparse.Namespace) -> str:
@@ -334,11 +386,14 @@ def _partition_on_rank0(args: argparse.Namespace, runtime, folder: Path) -> None
 
     key = "partitioned"
     if runtime.rank == 0:
-        command = partition_command(args, runtime.world_size, folder)
-        log.info("no --partitions: partitioning first, as: %s", shlex.join(["python", *command[1:]]))
-        done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-        lines = done.stderr.strip().splitlines()
-        word = "ok" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
+        word = _graph_size_verdict(args, runtime.world_size)
+        if word == "ok":
+            command = partition_command(args, runtime.world_size, folder)
+            log.info("no --partitions: partitioning first, as: %s", shlex.join(["python", *command[1:]]))
+            done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+            lines = done.stderr.strip().splitlines()
+            word = "ok" if done.returncode == 0 else "partitioning on rank 0 failed: " + (
+                lines[-1].removeprefix("error: ") if lines else f"exit status {done.returncode}")
         runtime.store.set(key, word)
         runtime.store.add(f"{key}-done", 1)
     else:
@@ -347,8 +402,23 @@ def _partition_on_rank0(args: argparse.Namespace, runtime, folder: Path) -> None
         while runtime.store.add(f"{key}-done", 0) == 0:
             time.sleep(0.2)
         word = runtime.store.get(key).decode()
-    if word != "ok":
-        raise ValueError(f"partitioning on rank 0 failed: {word.removeprefix('error: ')}")
+    if word != "ok":  # every rank learnt the same word: rank 0 alone prints it
+        raise JobOptionError(word)
+
+
+def _graph_size_verdict(args: argparse.Namespace, world_size: int) -> str:
+    """``ok``, or why the whole graph's size refuses the options (rank 0, loading the dataset only when an
+    option depends on it), before anything is written."""
+    from gnnscale.train.prechecks import check_graph_size, needs_graph_size
+
+    if not needs_graph_size(args, world_size):
+        return "ok"
+    try:
+        dataset = dataset_from_args(args)
+        check_graph_size(args, dataset.num_nodes, dataset.num_edges)
+    except ValueError as err:  # bad data too: the word reaches every rank, rank 0 prints it
+        return str(err)
+    return "ok"
 
 
 def _join_negative_fanouts(argv: list[str]) -> list[str]:

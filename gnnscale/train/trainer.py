@@ -50,7 +50,7 @@ from gnnscale.node_loader import NodeLoader
 from gnnscale.options import GRAD_SYNCS
 from gnnscale.progress import Progress
 from gnnscale.sampling import CacheConfig
-from gnnscale.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, load_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit, seeded
 from gnnscale.train.gradclock import GradSumClock
 from gnnscale.world import World
@@ -92,6 +92,8 @@ class TrainConfig:
     """Write ``checkpoint.pt`` every this many epochs (and after the last); 0 never."""
     resume: bool = False
     """Continue from the run folder's checkpoint when there is one."""
+    on_checkpoint_error: str = "stop"
+    """A checkpoint that cannot be written: ``stop`` the run (the last one intact), or ``warn`` and train on."""
     rank_capacity: str | None = None
     """``auto`` or ``w0,w1,...``: deal every step's seeds among ranks by speed (:mod:`gnnscale.train.shares`);
     None: each rank trains its own training nodes."""
@@ -179,6 +181,7 @@ class Trainer:
         self.runtime, self.rank, self.world_size, self.device = (self.world.runtime, self.world.rank,
                                                                  self.world.size, self.world.device)
         self.out, self.metric, self.show_progress = out, graph.metric, show_progress and self.rank == 0
+        self.checkpoints = None if out is None else CheckpointWriter(out / CHECKPOINT_NAME, config.on_checkpoint_error)
         self.exchanger = self.world.exchanger
         self.module = self._build_model(model, model_config)
         if model_config is not None and model is None and model_config.edge_features:
@@ -416,8 +419,8 @@ class Trainer:
         if self.rank != 0 or path is None or not every:
             return
         if state.epoch % every == 0 or state.epoch == self.config.epochs or state.stopped:
-            save_checkpoint(path, {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                   "fit": state.as_dict(), "fingerprint": self.fingerprint})
+            self.checkpoints.write({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                    "fit": state.as_dict(), "fingerprint": self.fingerprint})
 
     def _checkpoint_path(self) -> Path | None:
         return self.out / CHECKPOINT_NAME if self.out is not None else None
