@@ -23,6 +23,8 @@ keep the default, float32.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from collections.abc import Callable
@@ -286,7 +288,8 @@ class DistTable:
         renumbered = Block(indptr=first.indptr, indices=position.index_select(0, first.indices) + num_dst,
                            src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]),
                            num_dst=num_dst, edge_weight=first.edge_weight)
-        return MiniBatch(seeds=batch.seeds, blocks=[renumbered, *batch.blocks[1:]]), x
+        # replace() keeps the batch's own type and fields (a LinkMiniBatch keeps its pairs).
+        return dataclasses.replace(batch, blocks=[renumbered, *batch.blocks[1:]]), x
 
     def lookup(self, ids: Tensor) -> Tensor:
         """Rows of ``ids`` that are all owned or cached; no communication.
