@@ -91,11 +91,11 @@ class LinkSampler:
             or ``DistNeighborSampler``, whose call is then a collective).
         edges: int64 [2, E] the seed edges ``(src, dst)``, global ids; the loader hands out positions
             into it.
-        negatives: draws the negative pairs.
+        negatives: draws the negative pairs (None: batches without negatives, e.g. to score given pairs).
         exclude: which edges of the batch the neighbourhoods leave out (see :func:`excluded_edges`).
     """
 
-    def __init__(self, sample: Callable[..., MiniBatch], edges: Tensor, negatives: NegativeSampler,
+    def __init__(self, sample: Callable[..., MiniBatch], edges: Tensor, negatives: NegativeSampler | None,
                  exclude: ExcludeMode = "reverse") -> None:
         if exclude not in EXCLUDE_MODES:
             raise ValueError(f"exclude must be one of {EXCLUDE_MODES}, got {exclude!r}")
@@ -106,7 +106,7 @@ class LinkSampler:
 
     def __call__(self, positions: Tensor, *, rng: np.random.Generator) -> LinkMiniBatch:
         pos = self.edges[:, torch.as_tensor(positions, dtype=torch.int64)]
-        neg = self.negatives(pos[0], rng)
+        neg = pos[:, :0] if self.negatives is None else self.negatives(pos[0], rng)
         return link_batch(self.sample_nodes, pos, neg, rng=rng, exclude=excluded_edges(pos, self.exclude))
 
 

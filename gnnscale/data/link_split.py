@@ -42,6 +42,13 @@ class LinkSplit:
         once = self.train_pos if stage != "test" else np.concatenate([self.train_pos, self.val_pos], axis=1)
         return np.concatenate([once, once[::-1]], axis=1)
 
+    def held_out(self, stage: str) -> np.ndarray:
+        """int64 [2, k] the directed edges that do *not* pass messages at ``stage``: val and test edges at
+        train and val time, test edges at test time, both directions of each."""
+        self.message_edges(stage)  # checks the stage
+        once = self.test_pos if stage == "test" else np.concatenate([self.val_pos, self.test_pos], axis=1)
+        return np.concatenate([once, once[::-1]], axis=1)
+
     def message_graph(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
         """The CSC ``(indptr, indices)`` of :meth:`message_edges` over all ``num_nodes`` nodes."""
         edges = self.message_edges(stage)
