@@ -140,8 +140,7 @@ class LinkLoader:
         self.link_sampler = LinkSampler(self.sampler.sample, self.edges, negatives, exclude)  # type: ignore[arg-type]
         fill = "feature cache left as it was"
         if fill_cache:
-            fill = fill_feature_cache(graph, self.sampler, cache, CachePlan(
-                seeds=torch.unique(self.edges.reshape(-1)), steps=self.steps, batch_size=2 * batch_size, seed=seed))
+            fill = fill_feature_cache(graph, self.sampler, cache, self._cache_plan(batch_size, num_negatives, seed))
         log.info("rank %d: %d seed edges, %d steps per epoch, %s", self.world.rank, self.edges.shape[1], self.steps,
                  fill)
         table = graph.features.rows if self.world.size == 1 else graph.features
@@ -149,6 +148,15 @@ class LinkLoader:
             batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, seed=seed, shuffle=shuffle,
             pin_memory=self.device.type == "cuda", num_batches=None if self.world.size == 1 else self.steps,
             rank=self.world.rank))
+
+    def _cache_plan(self, batch_size: int, num_negatives: int, seed: int) -> CachePlan:
+        """What the batches will ask for: the seed edges' endpoints once per epoch, and, through the negatives,
+        any node (each with the chance a uniform draw picks it in one step)."""
+        endpoints = torch.unique(self.edges.reshape(-1))
+        probability = np.full(self.graph.num_nodes, min(1.0, batch_size * num_negatives / self.graph.num_nodes))
+        probability[endpoints.numpy()] = np.maximum(probability[endpoints.numpy()], 1.0 / self.steps)
+        return CachePlan(seeds=endpoints, steps=self.steps, batch_size=2 * batch_size, seed=seed,
+                         seed_probability=probability)
 
     def _check_pairs(self, pairs: Tensor, name: str) -> Tensor:
         pairs = torch.as_tensor(pairs)
