@@ -1,4 +1,4 @@
-"""Evaluation metrics on plain tensors: accuracy, binary ROC-AUC, average precision, MRR and Hits@K (no scikit-learn needed)."""
+"""Evaluation metrics on plain tensors: accuracy, binary ROC-AUC, average precision, MRR, Hits@K (no scikit-learn)."""
 
 from __future__ import annotations
 
