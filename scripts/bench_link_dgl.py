@@ -9,7 +9,8 @@ exclude="reverse_id", negative_sampler=Uniform(1))`` and ``dgl.nn.GraphConv`` (`
 :class:`gnnscale.LinkLoader` (one prefetch thread) and its ``GCNConv`` without ``gcn_norm``, which is
 ``GraphConv(norm="both")`` exactly (block degrees, no self-loops).  One warm-up epoch, then the median
 of ``--repeats`` epochs each,
-the two sides alternating.
+the two sides alternating; the same again for the loaders alone (sampling, exclusion, negatives and
+the gathering of input rows, no model), which is what the two frameworks do differently.
 """
 
 from __future__ import annotations
@@ -36,22 +37,24 @@ def section_dgl(args: argparse.Namespace) -> dict:
         graph = gs.Graph.from_dataset(dataset, world)
         split = gs.split_edges(graph, seed=0)
         ours_epoch, dgl_epoch = ours_side(graph, split), dgl_side(dataset, split)
-        ours_epoch(0), dgl_epoch()  # warm-up
+        ours_epoch(0, True), dgl_epoch(True)  # warm-up
         # Alternating epochs: the shared machine's load drifts, and both sides should see the same drift.
-        ours, dgl_seconds = [], []
+        times: dict[str, list[float]] = {"ours": [], "dgl": [], "ours_loader": [], "dgl_loader": []}
         for repeat in range(args.repeats):
-            ours.append(ours_epoch(repeat + 1))
-            dgl_seconds.append(dgl_epoch())
+            times["ours"].append(ours_epoch(repeat + 1, True))
+            times["dgl"].append(dgl_epoch(True))
+            times["ours_loader"].append(ours_epoch(repeat + 1, False))
+            times["dgl_loader"].append(dgl_epoch(False))
     edges = split.train_pos.shape[1]
-    result = {"graph": {"nodes": dataset.num_nodes, "train_edges": edges}, "ours_epoch_s": ours,
-              "dgl_epoch_s": dgl_seconds, "ours_edges_per_s": edges / statistics.median(ours),
-              "dgl_edges_per_s": edges / statistics.median(dgl_seconds)}
+    result = {"graph": {"nodes": dataset.num_nodes, "train_edges": edges}, "epoch_s": times,
+              **{f"{side}_edges_per_s": edges / statistics.median(t) for side, t in times.items()}}
     result["ratio"] = result["ours_edges_per_s"] / result["dgl_edges_per_s"]
+    result["loader_ratio"] = result["ours_loader_edges_per_s"] / result["dgl_loader_edges_per_s"]
     return result
 
 
-def ours_side(graph: gs.Graph, split) -> Callable[[int], float]:
-    """``epoch(e)``: one timed training epoch of gnnscale's side (seconds)."""
+def ours_side(graph: gs.Graph, split) -> Callable[[int, bool], float]:
+    """``epoch(e, train)``: one timed epoch of gnnscale's side (seconds); ``train=False`` runs the loader alone."""
     torch.manual_seed(0)
     loader = gs.LinkLoader(graph, gs.rank_share(split.train_pos, graph), fanouts=FANOUTS, batch_size=BATCH,
                            held_out=torch.from_numpy(split.held_out("train")), num_workers=1)
@@ -59,10 +62,12 @@ def ours_side(graph: gs.Graph, split) -> Callable[[int], float]:
     decoder = gs.DotDecoder()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
-    def epoch(e: int) -> float:
+    def epoch(e: int, train: bool) -> float:
         loader.set_epoch(e)
         start = time.perf_counter()
         for batch in loader:
+            if not train:  # the loader alone: sampled, gathered, handed over
+                continue
             h = model(batch.blocks, batch.x)
             loss = gs.link_loss(decoder(h, batch.pos), decoder(h, batch.neg))
             optimizer.zero_grad()
@@ -86,8 +91,8 @@ class DGLGCN(nn.Module):
         return self.convs[1](blocks[1], h)
 
 
-def dgl_side(dataset, split) -> Callable[[], float]:
-    """``epoch()``: one timed training epoch of DGL's side (seconds)."""
+def dgl_side(dataset, split) -> Callable[[bool], float]:
+    """``epoch(train)``: one timed epoch of DGL's side (seconds); ``train=False`` runs the loader alone."""
     import dgl
 
     src, dst = torch.from_numpy(split.train_pos[0]), torch.from_numpy(split.train_pos[1])
@@ -107,10 +112,13 @@ def dgl_side(dataset, split) -> Callable[[], float]:
         u, v = pairs.edges()
         return (h[u] * h[v]).sum(-1)
 
-    def epoch() -> float:
+    def epoch(train: bool) -> float:
         start = time.perf_counter()
         for input_nodes, pos, neg, blocks in loader:
-            h = model(blocks, features[input_nodes])
+            x = features[input_nodes]
+            if not train:
+                continue
+            h = model(blocks, x)
             loss = gs.link_loss(score(pos, h), score(neg, h))
             optimizer.zero_grad()
             loss.backward()

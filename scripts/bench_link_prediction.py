@@ -186,6 +186,8 @@ def print_table(results: dict) -> None:
         r = results["dgl"]
         rows.append(("training edges/s, ours vs DGL DataLoader", f"{r['ours_edges_per_s']:.0f}",
                      f"{r['dgl_edges_per_s']:.0f}", f"x{r['ratio']:.2f}"))
+        rows.append(("loader edges/s (no model), ours vs DGL DataLoader", f"{r['ours_loader_edges_per_s']:.0f}",
+                     f"{r['dgl_loader_edges_per_s']:.0f}", f"x{r['loader_ratio']:.2f}"))
     width = max(len(r[0]) for r in rows) if rows else 10
     print(f"{'measure':<{width}}  {'ours':>36}  {'baseline':>10}  {'diff/ratio':>10}")
     for row in rows:
