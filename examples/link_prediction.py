@@ -5,8 +5,8 @@ Runs unchanged in one process and on several ranks of one machine::
     python examples/link_prediction.py
     torchrun --nproc_per_node=2 examples/link_prediction.py
 
-The default graph is Cora from ../shared/datasets when present, else a synthetic community graph.
-Under torchrun, rank 0 first partitions it into a temporary folder (one partition per rank).
+The default graph is Cora from ../shared/datasets when present, else a synthetic community graph;
+under torchrun every rank takes its METIS share of it.
 Prints the test ROC-AUC, MRR and Hits@20/50 at the epoch of the best validation ROC-AUC.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import tempfile
 from pathlib import Path
 
 import torch
@@ -31,20 +30,6 @@ def default_dataset():
     return generate_synthetic(SyntheticConfig(num_nodes=3000, avg_degree=8, num_classes=5, feat_dim=32, seed=0))
 
 
-def open_default_graph(world: gs.World) -> gs.Graph:
-    """The default graph: in memory in a world of one, else this rank's share of a fresh partition folder."""
-    dataset = default_dataset()
-    if world.size == 1:
-        return gs.Graph.from_dataset(dataset, world)
-    from partition import PartitionConfig, partition_graph
-
-    folder = Path(tempfile.gettempdir()) / f"gnnscale-link-example-{dataset.name}-{world.size}"
-    if world.is_main:
-        partition_graph(dataset, folder, PartitionConfig(num_parts=world.size), force=True)
-    world.barrier()
-    return gs.open_graph(folder, world)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default 30)")
@@ -53,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)  # the same initial weights on every rank
     with gs.init() as world:
-        graph = open_default_graph(world)
+        graph = gs.Graph.from_dataset(default_dataset(), world)  # on N ranks: this rank's METIS share
         split = gs.split_edges(graph, num_val=0.05, num_test=0.1, seed=0)
         fanouts = [int(f) for f in args.fanouts.split(",")]
         task = gs.LinkTask(graph, split, fanouts=fanouts, batch_size=args.batch_size, gcn_norm=True)

@@ -1,4 +1,5 @@
-"""Evaluation metrics on plain tensors: accuracy, binary ROC-AUC, average precision, MRR, Hits@K (no scikit-learn)."""
+"""Evaluation metrics on plain tensors: accuracy, binary and multi-label ROC-AUC, average precision, MRR, Hits@K
+(no scikit-learn needed)."""
 
 from __future__ import annotations
 
@@ -110,10 +111,24 @@ def hits_at_k(positive: Tensor, negatives: Tensor, k: int) -> float:
     return float((positive.double() > kth).double().mean())
 
 
+def multilabel_roc_auc(scores: Tensor, labels: Tensor) -> float:
+    """Mean over the label columns of :func:`roc_auc` (OGB's ogbn-proteins metric): ``scores`` float [n, C],
+    ``labels`` {0, 1} [n, C]; columns with one class only are left out.  NaN when every column is."""
+    values = [roc_auc(scores[:, c], labels[:, c]) for c in range(labels.shape[1])]
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+METRICS = ("accuracy", "roc_auc", "multilabel_roc_auc")
+"""What :func:`evaluate` computes: single-label accuracy, binary ROC-AUC, multi-label mean ROC-AUC."""
+
+
 def evaluate(metric: str, logits: Tensor, labels: Tensor) -> float:
-    """The dataset's ``metric`` (``"accuracy"`` or ``"roc_auc"``) of ``logits`` against ``labels``."""
+    """The dataset's ``metric`` (one of :data:`METRICS`) of ``logits`` against ``labels``."""
     if metric == "accuracy":
         return accuracy(logits, labels)
     if metric == "roc_auc":
         return roc_auc(torch.softmax(logits.float(), -1)[:, 1], labels)
-    raise ValueError(f"unknown metric {metric!r}; expected 'accuracy' or 'roc_auc'")
+    if metric == "multilabel_roc_auc":
+        return multilabel_roc_auc(logits.float(), labels)
+    raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")

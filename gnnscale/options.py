@@ -13,6 +13,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import tomllib
@@ -271,12 +272,25 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str], run: Callable[
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_FAILURE
     except (ValueError, FileNotFoundError) as exc:  # user input problems: one line, non-zero exit
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {as_flags(parser, str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: the loader's workers were stopped on the way out; nothing was written
         print("interrupted: no metrics.json written", file=sys.stderr, flush=True)
         return 130
     return 0
+
+
+def as_flags(parser: argparse.ArgumentParser, message: str) -> str:
+    """A library error in the command's words: ``name='value'`` / ``name=value`` become ``--flag value``, and a
+    bare argument ``name`` (with an underscore, or before "must") becomes ``--flag`` for every option of
+    ``parser`` (the library names its arguments, never the command's flags)."""
+    for flag, action in _long_options(parser).items():
+        name = re.escape(action.dest)
+        message = re.sub(rf"\b{name}='([^']*)'", rf"{flag} \1", message)
+        message = re.sub(rf"\b{name}=(?=\S)", f"{flag} ", message)
+        bare = rf"(?<![-\w]){name}\b(?!=)" if "_" in action.dest else rf"(?<![-\w]){name}(?= must\b)"
+        message = re.sub(bare, flag, message)
+    return message
 
 
 def _long_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -139,7 +139,7 @@ def expected_shapes(manifest: dict, part: int) -> dict[str, tuple[str, list[int]
         return {"indptr": ("int64", [n + 1]), "indices": ("int64", [info["num_edges"]]),
                 "halo_ids": ("int64", [info["num_halo"]]), "orig_ids": ("int64", [n]),
                 "features": (data["features"]["dtype"], [n, data["features"]["shape"][1]]),
-                "labels": (data["labels"]["dtype"], [n]),
+                "labels": (data["labels"]["dtype"], [n, *data["labels"]["shape"][1:]]),
                 **{name: ("bool", [num_splits, n]) for name in ("train_masks", "val_masks", "test_masks")}}
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise PartitionError(f"manifest.json: the entries of partition {part} are malformed ({err!r}); re-create "

@@ -108,7 +108,7 @@ def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: Partiti
         "num_splits": s,
         "halo_hops": config.halo_hops,
         "node_data": {"features": {"dtype": str(dataset.features.dtype), "shape": [n, dataset.num_features]},
-                      "labels": {"dtype": str(dataset.labels.dtype), "shape": [n]},
+                      "labels": {"dtype": str(dataset.labels.dtype), "shape": [n, *dataset.labels.shape[1:]]},
                       **{name: {"dtype": "bool", "shape": [s, n]}
                          for name in ("train_masks", "val_masks", "test_masks")}},
         "partitioning": partitioning,

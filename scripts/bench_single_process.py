@@ -196,7 +196,7 @@ class OursSide:
                                features=data["features"], labels=data["labels"], train_masks=data["train_mask"],
                                val_masks=data["val_mask"], test_masks=data["test_mask"], num_classes=num_classes)
         keep_freed_memory()  # what the training command does in main()
-        self.trainer = Trainer(
+        self.trainer = Trainer.on_partition(
             whole_graph_partition(dataset), init_runtime(DistEnv()), split=0,
             model_config=ModelConfig(model="sage", num_layers=len(FANOUTS), hidden=HIDDEN, dropout=DROPOUT),
             sampler_config=SamplerConfig(fanouts=FANOUTS),
@@ -204,8 +204,8 @@ class OursSide:
                                eval_batch_size=EVAL_BATCH_SIZE, seed=seed, num_workers=workers))
         trainer = self.trainer
         self.loader, self.epoch = trainer.loader, 0
-        self.sample_loader = PrefetchLoader(trainer.sampler.sample, trainer.train_ids, trainer.features.rows,
-                                            trainer.labels, LoaderConfig(batch_size=BATCH_SIZE, num_workers=workers,
+        self.sample_loader = PrefetchLoader(trainer.sampler.sample, trainer.graph.train_ids, trainer.features.rows,
+                                            trainer.graph.labels, LoaderConfig(batch_size=BATCH_SIZE, num_workers=workers,
                                                                          seed=seed, gather_features=False))
 
     def warm_up(self) -> None:

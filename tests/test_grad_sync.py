@@ -27,7 +27,7 @@ def train_modes(rank: int, part_dir: str) -> list[dict[str, Any]]:
     try:
         for mode in ("step", "late"):
             model, sampler, train, cache = build_configs(build_parser().parse_args(ARGV + ["--grad-sync", mode]))
-            trainer = Trainer(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
+            trainer = Trainer.on_partition(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
                               cache_config=cache)
             applied: list[dict[str, torch.Tensor]] = []
             step = trainer.optimizer.step

@@ -17,7 +17,7 @@ from samplers import SamplerConfig
 
 
 def make_trainer(part, model: str, num_workers: int) -> Trainer:
-    return Trainer(part, init_runtime(DistEnv()), split=0,
+    return Trainer.on_partition(part, init_runtime(DistEnv()), split=0,
                    model_config=ModelConfig(model=model, num_layers=2, hidden=16, heads=2),
                    sampler_config=SamplerConfig(fanouts=[5, 4], gcn_norm=model == "gcn", self_loops=model != "sage"),
                    config=TrainConfig(epochs=2, batch_size=128, seed=3, num_workers=num_workers))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,7 @@ def slowed(forward: Any) -> Any:
 def train_with(rank: int, part_dir: str, capacities: list[str | None]) -> list[dict[str, Any]]:
     """Train the same run once per capacity; the final weights and the shares each epoch used."""
     from gnnscale.distributed.env import init_runtime, read_env
+    from gnnscale.options import as_flags
     from gnnscale.train.cli import build_configs, build_parser
     from gnnscale.train.trainer import Trainer
     from partition.load import load_partition
@@ -74,7 +77,7 @@ def train_with(rank: int, part_dir: str, capacities: list[str | None]) -> list[d
         for capacity in capacities:
             argv = ARGV + ([] if capacity is None else ["--rank-capacity", capacity.split()[0]])
             model, sampler, train, cache = build_configs(build_parser().parse_args(argv))
-            trainer = Trainer(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
+            trainer = Trainer.on_partition(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
                               cache_config=cache)
             if capacity == "auto slow" and rank == 1:  # after the calibration: training steps only
                 # Inside DDP's forward: its own syncs (the first steps' bucket rebuild) stay in step.
@@ -84,7 +87,7 @@ def train_with(rank: int, part_dir: str, capacities: list[str | None]) -> list[d
             out.append({"weights": last, "shares": [h.get("shares") for h in result.history],
                         "grad_wait": [h["grad_wait_s"] for h in result.history], "steps": trainer.steps,
                         "cache_complete": trainer.features.cache_complete,
-                        "seeds": [sum(b.numel() for b in trainer.loader.plan(e)) if trainer.loader.plan else None
+                        "seeds": [sum(b.numel() for b in trainer.shares.plan(e)) if trainer.shares else None
                                   for e in (1, 2)],
                         "val": result.val})
     finally:
@@ -148,6 +151,7 @@ def test_bad_capacity_is_refused_before_training(tmp_path: Path) -> None:
 def refusals(rank: int, part_dir: str) -> bool:
     """Every rank builds a trainer with each option the topology cannot serve; each is refused alike."""
     from gnnscale.distributed.env import init_runtime, read_env
+    from gnnscale.options import as_flags
     from gnnscale.train.cli import build_configs, build_parser
     from gnnscale.train.trainer import Trainer
     from partition.load import load_partition
@@ -163,10 +167,13 @@ def refusals(rank: int, part_dir: str) -> bool:
              (["--rank-capacity", "1,1,1"], r"gives 3 weight\(s\) for 2 ranks")]
     try:
         for extra, message in cases:
-            model, sampler, train, cache = build_configs(build_parser().parse_args(ARGV + extra))
-            with pytest.raises(ValueError, match=message):
-                Trainer(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
-                        cache_config=cache)
+            parser = build_parser()
+            model, sampler, train, cache = build_configs(parser.parse_args(ARGV + extra))
+            with pytest.raises(ValueError) as refused:
+                Trainer.on_partition(part, runtime, split=0, model_config=model, sampler_config=sampler, config=train,
+                                     cache_config=cache)
+            # The library names its arguments; the command's error line names the flags.
+            assert re.search(message, as_flags(parser, str(refused.value))), str(refused.value)
     finally:
         runtime.close()
     return True

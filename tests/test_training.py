@@ -33,7 +33,7 @@ def planted_dataset(num_nodes=600, num_classes=3, seed=0) -> GraphDataset:
 
 def local_trainer(dataset: GraphDataset, **kwargs) -> Trainer:
     """The trainer of a plain ``python`` run: a world of one over the whole graph."""
-    return Trainer(whole_graph_partition(dataset), init_runtime(DistEnv()), **kwargs)
+    return Trainer.on_partition(whole_graph_partition(dataset), init_runtime(DistEnv()), **kwargs)
 
 
 @pytest.mark.parametrize("model,residual", [("sage", False), ("gcn", False), ("gat", False), ("sage", True)])
@@ -46,6 +46,7 @@ def test_layerwise_inference_equals_full_fanout_forward(model, residual):
     everything = trainer.inference()
     seeds = torch.tensor([0, 5, 77, 599])
     batch = trainer.sampler.sample(seeds, rng=np.random.default_rng(0))
+    trainer.model.eval()  # inference restores the module's mode: the direct forward must not drop out
     with torch.no_grad():
         direct = trainer.model(batch.blocks, trainer.features.rows[batch.input_ids])
     torch.testing.assert_close(everything[seeds], direct, atol=1e-5, rtol=1e-5)
@@ -96,7 +97,7 @@ def test_fanouts_must_match_layers():
 
 
 @pytest.mark.parametrize("kwargs,match", [({"epochs": 0}, "epochs must be >= 1"), ({"lr": 0.0}, "lr must be > 0"),
-                                          ({"num_workers": -1}, "--num-workers must be >= 0"),
+                                          ({"num_workers": -1}, "num_workers must be >= 0"),
                                           ({"prefetch": -1}, "prefetch must be >= 0, got -1")])
 def test_train_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -202,5 +203,5 @@ def test_features_on_device_is_ignored_with_a_warning_on_cpu(caplog):
     trainer = local_trainer(
         planted_dataset(), split=0, model_config=ModelConfig(model="sage", num_layers=1, hidden=4),
         sampler_config=SamplerConfig(fanouts=[5]), config=TrainConfig(epochs=1, features_on_device=True))
-    assert trainer.feeder.device_features is None
-    assert "--features-on-device has no effect here" in caplog.text
+    assert trainer.loader.feeder.device_features is None
+    assert "features_on_device has no effect here" in caplog.text

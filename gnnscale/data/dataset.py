@@ -118,7 +118,10 @@ class GraphDataset:
         check_features(self.features, n, src)
         if self.num_classes < 1:
             raise fail(src, "labels", f"num_classes must be >= 1, got {self.num_classes}", "check the label file")
-        check_labels(self.labels, n, src, self.num_classes)
+        if self.metric == "multilabel_roc_auc":
+            check_multilabels(self.labels, n, src, self.num_classes)
+        else:
+            check_labels(self.labels, n, src, self.num_classes)
         for name, masks in (("train_mask", self.train_masks), ("val_mask", self.val_masks), ("test_mask", self.test_masks)):
             if masks.shape[1] != n:
                 raise fail(src, name, f"expected {n} entries per split, got {masks.shape[1]}", "give one mask entry per node")
@@ -127,8 +130,9 @@ class GraphDataset:
                            "give the same number of train, val and test splits")
         if not self.train_masks.any(axis=1).all():
             raise fail(src, "train_mask", "a split has no training nodes", "mark at least one node for training")
-        if self.metric not in ("accuracy", "roc_auc"):
-            raise fail(src, "metric", f"unknown metric {self.metric!r}", "use 'accuracy' or 'roc_auc'")
+        if self.metric not in ("accuracy", "roc_auc", "multilabel_roc_auc"):
+            raise fail(src, "metric", f"unknown metric {self.metric!r}", "use 'accuracy', 'roc_auc' or "
+                       "'multilabel_roc_auc' (labels [num_nodes, num_classes] of 0/1)")
         if self.metric == "roc_auc" and self.num_classes != 2:
             raise fail(src, "metric", f"roc_auc needs a binary task, got {self.num_classes} classes", "use 'accuracy'")
 
@@ -155,6 +159,16 @@ def check_features(features: np.ndarray, num_nodes: int, source: str) -> np.ndar
     return features
 
 
+def check_multilabels(labels: np.ndarray, num_nodes: int, source: str, num_classes: int) -> None:
+    """Check multi-label targets: [num_nodes, num_classes] of 0 and 1 (one column per label)."""
+    if labels.shape != (num_nodes, num_classes):
+        raise fail(source, "labels", f"expected shape [{num_nodes}, {num_classes}] for a multi-label task, got "
+                   f"{list(labels.shape)}", "give one 0/1 column per label and num_classes = the number of columns")
+    if labels.size and (labels.min() < 0 or labels.max() > 1):
+        raise fail(source, "labels", f"multi-label targets must be 0 or 1, found {int(labels.max())}",
+                   "store each label as a 0/1 column")
+
+
 def check_labels(labels: np.ndarray, num_nodes: int, source: str,
                  num_classes: int | None = None) -> tuple[np.ndarray, int]:
     """Return ``(labels as int64 [num_nodes], num_classes)``; ``num_classes`` defaults to max label + 1.
@@ -166,7 +180,8 @@ def check_labels(labels: np.ndarray, num_nodes: int, source: str,
         labels = labels[:, 0]
     if labels.shape != (num_nodes,):
         raise fail(source, "labels", f"expected shape [{num_nodes}], got {list(labels.shape)}",
-                   "give exactly one integer class id per node (multi-label tasks are not supported)")
+                   "give exactly one integer class id per node (for several labels per node use "
+                   "metric='multilabel_roc_auc' with [num_nodes, num_labels] 0/1 labels)")
     if np.issubdtype(labels.dtype, np.floating):
         if not np.array_equal(labels, np.round(labels)):
             raise fail(source, "labels", "values are not whole numbers", "store labels as integer class ids")

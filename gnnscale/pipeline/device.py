@@ -34,6 +34,16 @@ class DeviceBatch:
     y: Tensor
     """Labels of the seeds, on the device."""
 
+    @property
+    def blocks(self) -> list:
+        """The batch's blocks, input side first (:class:`~gnnscale.batch.Block`)."""
+        return self.batch.blocks
+
+    @property
+    def seeds(self) -> Tensor:
+        """int64 [batch]: global ids of the nodes whose outputs are wanted (``y``'s rows)."""
+        return self.batch.seeds
+
 
 class DeviceFeeder:
     """Turns a stream of :class:`LoadedBatch` es into :class:`DeviceBatch` es on ``device``.

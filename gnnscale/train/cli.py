@@ -79,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "first; -1 = all (default: 15,10,5 cut to --num-layers)")
     add_section(parser, "loader", group=loader)
     add_section(parser, "distributed", group=add_distributed_arguments(parser))
-    add_section(parser, "checkpoint")
+    output = add_section(parser, "checkpoint")
+    output.add_argument("--save-predictions", action="store_true", help="after training, write every node's "
+                        "output (logits) of the best epoch to <out>/predictions/: one .npy per rank with the nodes' "
+                        "original ids, and a manifest (read them with gnnscale.read_outputs)")
     add_section(parser, "run")
     return parser
 
@@ -253,15 +256,18 @@ def run(args: argparse.Namespace) -> dict:
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
     with joined_job(env, args.device, args.failure_timeout) as runtime:
         part = _open_partition(args, runtime, out)
-        trainer = Trainer(part, runtime, split=args.split, model_config=model_config, sampler_config=sampler_config,
+        trainer = Trainer.on_partition(part, runtime, split=args.split, model_config=model_config, sampler_config=sampler_config,
                           config=train_config, cache_config=cache_config, out=out, show_progress=not args.quiet)
         result = trainer.fit()
+        if args.save_predictions:  # every rank writes its share: a collective
+            trainer.predict().save(out / "predictions")
     metrics = {
         "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
         "world_size": env.world_size, "wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
         "topology": "replicated" if trainer.replicated else "partitioned",
         "partitions": str(args.partitions) if args.partitions else None,
+        "predictions": str(out / "predictions") if args.save_predictions else None,
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,
     }

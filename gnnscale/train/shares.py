@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -53,11 +54,21 @@ class SeedShares:
         self.exchanger, self.rank = exchanger, exchanger.rank
         self.batch_size, self.steps, self.seed = batch_size, steps, seed
         self.own = list(exchanger.all_gather_rows(train_ids).split(counts))
-        self.labels = torch.zeros(num_nodes, dtype=train_labels.dtype)
+        self.labels = torch.zeros((num_nodes, *train_labels.shape[1:]), dtype=train_labels.dtype)
         self.labels[torch.cat(self.own)] = exchanger.all_gather_rows(train_labels)
         self.auto = capacity == "auto"
         world = exchanger.world_size
         self.shares: list[float] = [1.0 / world] * world if self.auto else list(capacity)
+
+    def seed_probability(self, steps: int) -> np.ndarray:
+        """float64 [num_nodes]: each node's chance of being a seed of one of this rank's ``steps`` batches of an
+        epoch: ``1 / steps`` for its own seeds, ``1 / (steps * world_size)`` for the other ranks' (only part of
+        them come here, and only to a faster rank), so that a cache holding every candidate of the vip policy
+        leaves no batch anything to fetch."""
+        probability = np.zeros(self.labels.shape[0], dtype=np.float64)
+        probability[torch.cat(self.own).numpy()] = 1.0 / (steps * self.exchanger.world_size)
+        probability[self.own[self.rank].numpy()] = 1.0 / steps
+        return probability
 
     def plan(self, epoch: int) -> list[Tensor]:
         """This rank's seeds of every step of ``epoch`` (the loader's ``plan``)."""

@@ -1,0 +1,184 @@
+"""Layer-wise full-neighbour inference for any model that follows a two-member protocol, on 1..N ranks.
+
+A model opts in by having
+
+* ``num_layers``: an int, and
+* ``layer(index, block, h) -> Tensor``: layer ``index`` (with its activation and dropout) applied to one
+  :class:`~gnnscale.batch.Block`, ``h`` holding a row per source node of the block and the result a row per
+  destination node.
+
+Layer ``l`` runs over every node before layer ``l + 1`` starts, each node seeing all its in-neighbours, so no
+node's embedding depends on a sample; each rank computes its owned nodes and exchanges the halo's rows once
+per layer.  The built-in :class:`gnnscale.nn.GNN` implements the protocol; ``output_width(index)``, where a
+model has it, sizes the buffers ahead (otherwise the first block's output does).
+
+:meth:`NodeOutputs.save` writes every rank's rows with their original ids and a manifest; :func:`read_outputs`
+reads them back as one array in original id order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gnnscale.batch import Block
+from gnnscale.distributed.feature_store import DistTable
+from gnnscale.graph import Graph
+from gnnscale.metrics import evaluate
+from samplers.neighbor import SamplerConfig, make_block
+
+OUTPUTS_FORMAT = "gnnscale-node-outputs"
+OUTPUTS_VERSION = 1
+
+
+class NodeOutputs:
+    """One rank's rows of a per-node output (embeddings, logits): ``rows[i]`` belongs to global id
+    ``graph.start + i``."""
+
+    def __init__(self, graph: Graph, rows: Tensor) -> None:
+        self.graph, self.rows = graph, rows
+
+    def __getitem__(self, ids: Tensor) -> Tensor:
+        """Rows of owned global ``ids``."""
+        return self.rows.index_select(0, torch.as_tensor(ids, dtype=torch.int64) - self.graph.start)
+
+    def score(self, ids: Tensor, labels: Tensor | None = None, metric: str | None = None) -> float:
+        """``metric`` (default: the graph's) of the rows of owned ``ids`` against their labels (default: the
+        graph's), over the ids of every rank; a collective, every rank returns the same value."""
+        exchanger, ids = self.graph.world.exchanger, torch.as_tensor(ids, dtype=torch.int64)
+        labels = self.graph.labels if labels is None else labels
+        local = ids - self.graph.start
+        every_rows = exchanger.all_gather_rows(self.rows.index_select(0, local))
+        every_labels = exchanger.all_gather_rows(labels.index_select(0, local))
+        return evaluate(metric or self.graph.metric, every_rows, every_labels)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write this rank's rows (``part-R.npy``, float32 [num_owned, ...]) and their original ids
+        (``part-R.ids.npy``); rank 0 adds ``manifest.json``.  Each file appears complete or not at all.
+        Every rank must call it (it ends with a barrier)."""
+        folder, world = Path(folder), self.graph.world
+        folder.mkdir(parents=True, exist_ok=True)
+        rank = world.rank
+        _save_npy(folder / f"part-{rank}.npy", self.rows.detach().cpu().numpy())
+        _save_npy(folder / f"part-{rank}.ids.npy", self.graph.to_original(self.graph.owned_ids).numpy())
+        if world.is_main:
+            manifest = {"format": OUTPUTS_FORMAT, "version": OUTPUTS_VERSION, "num_parts": world.size,
+                        "num_nodes": self.graph.num_nodes, "row_shape": list(self.rows.shape[1:]),
+                        "dtype": str(self.rows.detach().cpu().numpy().dtype), "dataset": self.graph.name}
+            tmp = folder / f".manifest.json.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+            os.replace(tmp, folder / "manifest.json")
+        world.barrier()
+        return folder
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def read_outputs(folder: str | Path) -> np.ndarray:
+    """Every rank's rows of a :meth:`NodeOutputs.save` folder as one array, row ``v`` for original id ``v``.
+
+    Raises:
+        FileNotFoundError: the folder or one of its files is missing.
+        ValueError: the folder is not a node-outputs folder, or its parts do not cover ``0..num_nodes - 1``.
+    """
+    folder = Path(folder)
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} does not exist: pass a folder written by NodeOutputs.save "
+                                f"(--save-predictions)")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format") != OUTPUTS_FORMAT:
+        raise ValueError(f"{manifest_path} is not a gnnscale node-outputs manifest (format "
+                         f"{manifest.get('format')!r})")
+    num_nodes = int(manifest["num_nodes"])
+    out = np.zeros((num_nodes, *manifest["row_shape"]), dtype=manifest["dtype"])
+    seen = np.zeros(num_nodes, dtype=bool)
+    for part in range(int(manifest["num_parts"])):
+        rows = np.load(folder / f"part-{part}.npy", allow_pickle=False)
+        ids = np.load(folder / f"part-{part}.ids.npy", allow_pickle=False)
+        if ids.shape[0] != rows.shape[0] or (ids.size and (ids.min() < 0 or ids.max() >= num_nodes)):
+            raise ValueError(f"{folder}/part-{part}: {rows.shape[0]} rows for {ids.shape[0]} ids, ids must lie in "
+                             f"[0, {num_nodes}); the folder is inconsistent: write it again")
+        out[ids], seen[ids] = rows, True
+    if not seen.all():
+        raise ValueError(f"{folder}: original id {int(np.flatnonzero(~seen)[0])} has no row; the parts do not "
+                         f"cover every node: write the folder again")
+    return out
+
+
+def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool) -> list[tuple[Block, Tensor]]:
+    """Full-neighbour blocks over the owned nodes (memoised on the graph), each with its source rows in
+    ``cat(owned, halo)``."""
+    key = ("inference-blocks", batch_size, self_loops, gcn_norm)
+    if key not in graph._memo:
+        config = SamplerConfig(fanouts=[-1], self_loops=self_loops, gcn_norm=gcn_norm)
+        lookup = graph.degree_lookup() if config.gcn_norm else None
+        halo_ids = graph.halo()[0]
+        blocks = []
+        for chunk in graph.owned_ids.split(batch_size):
+            src, counts = graph.structure.sample(chunk, -1, False, None)
+            block = make_block(chunk, src, counts, config, lookup)
+            ids = block.src_ids
+            is_owned = (ids >= graph.start) & (ids < graph.end)
+            rows = torch.where(is_owned, ids - graph.start, graph.num_owned + torch.searchsorted(halo_ids, ids))
+            blocks.append((block, rows))
+        graph._memo[key] = blocks
+    return graph._memo[key]
+
+
+@torch.no_grad()
+def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 8192, self_loops: bool = False,
+                        gcn_norm: bool = False, device: torch.device | str | None = None) -> NodeOutputs:
+    """The model's output for every owned node, layer by layer over all neighbours (a collective).
+
+    Args:
+        graph: the graph handle.
+        model: follows the module docstring's protocol (``num_layers``, ``layer``); a DDP wrapper is unwrapped.
+        batch_size: destination nodes per block.
+        self_loops, gcn_norm: as the model was trained with (the loader's settings).
+        device: where the layers run (default: the world's device); rows stay on the host.
+
+    Raises:
+        TypeError: the model does not follow the protocol.
+    """
+    module = model.module if isinstance(model, DistributedDataParallel) else model
+    if not isinstance(getattr(module, "num_layers", None), int) or not callable(getattr(module, "layer", None)):
+        raise TypeError(f"{type(module).__name__} does not follow the layer-wise protocol: give it num_layers (int) "
+                        f"and layer(index, block, h) (see gnnscale.inference)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = torch.device(device) if device is not None else graph.world.device
+    was_training = module.training
+    module.eval()
+    try:
+        rows = _run_layers(graph, module, _blocks(graph, batch_size, self_loops, gcn_norm), device)
+    finally:
+        module.train(was_training)
+    return NodeOutputs(graph, rows)
+
+
+def _run_layers(graph: Graph, module: nn.Module, blocks: list[tuple[Block, Tensor]], device: torch.device) -> Tensor:
+    table, halo_ids = graph.features, graph.halo()[0]
+    for layer in range(module.num_layers):
+        every = table.rows if not halo_ids.numel() else torch.cat([table.rows, table.gather(halo_ids)])
+        width = module.output_width(layer) if hasattr(module, "output_width") else None
+        out = None if width is None else torch.empty(graph.num_owned, width)
+        for block, rows in blocks:
+            h = module.layer(layer, block.to(device), every.index_select(0, rows).to(device)).cpu()
+            if out is None:
+                out = torch.empty((graph.num_owned, *h.shape[1:]), dtype=h.dtype)
+            out[block.dst_ids - graph.start] = h
+        assert out is not None, "a rank without owned nodes needs the model's output_width"
+        table = DistTable(out, graph.offsets, graph.world.exchanger, wire_dtype=graph.wire_dtype)
+    return table.rows

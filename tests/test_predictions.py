@@ -1,0 +1,76 @@
+"""Predictions out: layer-wise inference of the same weights gives the same rows on 1 and on 2 ranks, saved in
+original ids; the command's --save-predictions writes every node's row from every rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from distributed_helpers import partition_dataset, run_ranks
+
+
+def synthetic() -> Any:
+    from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+
+    return generate_synthetic(SyntheticConfig(num_nodes=900, avg_degree=6, num_classes=3, feat_dim=8, seed=4))
+
+
+def infer_and_save(rank: int, source: str, out: str, model: str) -> bool:
+    import torch
+
+    import gnnscale as gs
+
+    with gs.init() as world:
+        graph = gs.open_graph(source, world) if Path(source).is_dir() else gs.Graph.from_dataset(synthetic(), world)
+        torch.manual_seed(0)  # the same weights everywhere
+        module = gs.GNN(gs.ModelConfig(model=model, num_layers=2, hidden=8, heads=2), graph.feature_dim,
+                        graph.num_classes)
+        gs.layerwise_inference(graph, module, self_loops=model != "sage", gcn_norm=model == "gcn",
+                               batch_size=100).save(out)
+    return True
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn"])
+def test_two_ranks_write_the_rows_one_process_writes(tmp_path: Path, model: str) -> None:
+    import gnnscale as gs
+
+    parts = partition_dataset(synthetic(), tmp_path / "parts", 2)
+    infer_and_save(0, "in-memory", str(tmp_path / "one"), model)
+    run_ranks(infer_and_save, 2, str(parts), str(tmp_path / "two"), model, timeout=240.0)
+    one, two = gs.read_outputs(tmp_path / "one"), gs.read_outputs(tmp_path / "two")
+    assert one.shape == two.shape == (900, 3)
+    np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-5)
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert manifest["num_parts"] == 2 and manifest["num_nodes"] == 900
+
+
+def train_with_predictions(rank: int, parts: str, out: str) -> int:
+    from gnnscale.train.cli import main
+
+    return main(["--partitions", parts, "--out", out, "--epochs", "1", "--num-layers", "2", "--hidden", "8",
+                 "--fanouts", "4,4", "--batch-size", "128", "--save-predictions", "--quiet"])
+
+
+def test_command_saves_predictions_of_every_node(tmp_path: Path) -> None:
+    import gnnscale as gs
+
+    parts = partition_dataset(synthetic(), tmp_path / "parts", 2)
+    assert run_ranks(train_with_predictions, 2, str(parts), str(tmp_path / "run"), timeout=240.0) == [0, 0]
+    rows = gs.read_outputs(tmp_path / "run" / "predictions")
+    assert rows.shape == (900, 3) and np.isfinite(rows).all()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["predictions"] == str(tmp_path / "run" / "predictions")
+
+
+def test_reading_a_folder_that_is_not_outputs_is_one_error(tmp_path: Path) -> None:
+    import gnnscale as gs
+
+    with pytest.raises(FileNotFoundError, match="manifest.json does not exist: pass a folder written by"):
+        gs.read_outputs(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="is not a gnnscale node-outputs manifest"):
+        gs.read_outputs(tmp_path)
