@@ -92,7 +92,8 @@ class LinkLoader:
         fanouts: neighbours per layer, input side first (``-1``: all).
         batch_size: seed edges per batch and rank.
         num_negatives: negative pairs per positive (0: none, e.g. to score given pairs).
-        negative_sampling: ``"uniform"`` or ``"degree"`` (``P(v) ∝ degree(v)^0.75``, degrees of the message graph).
+        negative_sampling: ``"uniform"`` (``(u, v')``, ``v'`` uniform), ``"degree"`` (``P(v') ∝ degree(v')^0.75``,
+            degrees of the message graph) or ``"global"`` (``(u', v')``, both uniform: PyG's example).
         exclude: ``"reverse"``: a batch's seed edges and their reverses are not sampled as its messages
             (DGL's ``exclude="reverse_id"``); ``"self"``: the seed edges only; ``"none"``.
         held_out: int64 [2, k] directed edges removed from message passing for good (validation and test

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from gnnscale.batch import LinkMiniBatch, MiniBatch
 
-NegativeMode = Literal["uniform", "degree"]
+NegativeMode = Literal["uniform", "degree", "global"]
 ExcludeMode = Literal["reverse", "self", "none"]
-NEGATIVE_MODES = ("uniform", "degree")
+NEGATIVE_MODES = ("uniform", "degree", "global")
 EXCLUDE_MODES = ("reverse", "self", "none")
 
 
@@ -34,7 +34,8 @@ class NegativeSampler:
         num_negatives: pairs per positive (>= 1).
         mode: ``"uniform"``: ``v'`` uniform over all nodes.  ``"degree"``: ``P(v') ∝ degree(v')^power``
             (word2vec's and PinSAGE's unigram^0.75 smoothing by default), harder negatives on
-            skewed graphs.
+            skewed graphs.  ``"global"``: both ends uniform, ``(u', v')`` (DGL's ``GlobalUniform``, PyG's
+            ``negative_sampling``, the negatives of PyG's link-prediction example).
         degrees: int or float [num_nodes] degree of every node (needed for ``"degree"``).
         power: exponent of the degree weighting (``1.0``: proportional to degree).
 
@@ -62,9 +63,12 @@ class NegativeSampler:
             self.cumulative = np.cumsum(weights / weights.sum())
 
     def __call__(self, src: Tensor, rng: np.random.Generator) -> Tensor:
-        """int64 [2, len(src) * num_negatives] pairs, the negatives of ``src[i]`` at ``i*k .. i*k+k-1``."""
+        """int64 [2, len(src) * num_negatives] pairs, the negatives of ``src[i]`` at ``i*k .. i*k+k-1`` (with
+        ``"global"`` their sources are drawn too)."""
         src = torch.as_tensor(src, dtype=torch.int64)
         count = src.numel() * self.num_negatives
+        if self.mode == "global":
+            return torch.from_numpy(rng.integers(0, self.num_nodes, (2, count), dtype=np.int64))
         if self.cumulative is None:
             dst = rng.integers(0, self.num_nodes, count, dtype=np.int64)
         else:

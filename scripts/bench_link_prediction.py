@@ -5,7 +5,8 @@ Sections (all by default; ``--only`` picks some):
 * ``pyg``: Cora and CiteSeer, the 85/5/10 split of PyG's example drawn once (ours, seed 0) and handed to
   PyG's own example (``scripts/pyg_link_baseline.py``, run with ``--pyg-python``: an environment with
   ``torch-geometric``) and to gnnscale with the same protocol: 2-layer GCN (128, 64), dot decoder, Adam
-  0.01, 100 full-batch epochs, one fresh uniform negative per positive, no seed-edge exclusion (the
+  0.01, 100 full-batch epochs, as many fresh negatives as positives with both ends uniform (the example's
+  ``negative_sampling``; ``negative_sampling="global"`` here), no seed-edge exclusion (the
   example's full batch would otherwise exclude every training edge).  Test ROC-AUC after the last epoch
   (what the example prints), mean over ``--seeds`` model seeds.
 * ``ranks``: the same protocol on Cora in one process and under ``torchrun --nproc_per_node=2``.
@@ -71,11 +72,11 @@ def load_graph_dataset(name: str) -> GraphDataset:
 
 
 def train_ours(graph: gs.Graph, split, *, seed: int, epochs: int, fanouts: list[int], batch_size: int,
-               exclude: str, world: gs.World) -> dict:
+               exclude: str, world: gs.World, negatives: str = "uniform") -> dict:
     """Train the GCN + dot decoder; test metrics after the last epoch and at the best val ROC-AUC."""
     torch.manual_seed(seed)
     task = LinkTask(graph, split, fanouts=fanouts, batch_size=batch_size, gcn_norm=True, exclude=exclude, seed=seed,
-                    num_workers=1)
+                    num_workers=1, negative_sampling=negatives)
     model = world.wrap(gs.GNN(gs.ModelConfig(model="gcn", num_layers=2, hidden=128, dropout=0.0),
                               graph.feature_dim, 64))
     decoder = gs.DotDecoder()
@@ -96,7 +97,7 @@ def train_ours(graph: gs.Graph, split, *, seed: int, epochs: int, fanouts: list[
 def full_batch(graph: gs.Graph, split, seed: int, epochs: int, world: gs.World) -> dict:
     """PyG's example's protocol: every training edge in one batch per rank, full neighbourhoods."""
     return train_ours(graph, split, seed=seed, epochs=epochs, fanouts=[-1, -1], batch_size=split.train_pos.shape[1],
-                      exclude="none", world=world)
+                      exclude="none", world=world, negatives="global")
 
 
 # ---------------------------------------------------------------------- sections

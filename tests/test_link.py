@@ -88,6 +88,12 @@ def test_uniform_negatives_keep_sources_and_are_seeded():
     assert torch.equal(neg, sampler(src, np.random.default_rng(0)))
 
 
+def test_global_negatives_draw_both_ends():
+    sampler = NegativeSampler(1000, num_negatives=2, mode="global")
+    neg = sampler(torch.tensor([5, 5, 5]), np.random.default_rng(0))
+    assert neg.shape == (2, 6) and (neg[0] != 5).any() and ((neg >= 0) & (neg < 1000)).all()
+
+
 def test_degree_negatives_follow_the_powered_degrees():
     degrees = np.array([0, 1, 4, 9], dtype=np.int64)
     sampler = NegativeSampler(4, num_negatives=40_000, mode="degree", degrees=degrees, power=0.5)

@@ -68,7 +68,7 @@ def test_link_loader_batches_are_deterministic_and_keep_seed_and_held_out_edges_
     ({"edges": torch.tensor([[0], [400]])}, ValueError, r"edges holds node ids outside \[0, 400\)"),
     ({"held_out": torch.zeros(5)}, ValueError, r"held_out must be an integer tensor"),
     ({"num_negatives": -1}, ValueError, "num_negatives must be an int >= 0"),
-    ({"negative_sampling": "hard"}, ValueError, "negative_sampling must be one of uniform, degree"),
+    ({"negative_sampling": "hard"}, ValueError, "negative_sampling must be one of uniform, degree, global"),
     ({"exclude": "reverse_id"}, ValueError, "exclude must be one of reverse, self, none"),
     ({"fanouts": [0]}, ValueError, "fanout 0 is invalid"),
     ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
