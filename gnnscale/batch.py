@@ -32,6 +32,10 @@ class Block:
     """Number of destination nodes."""
     edge_weight: Tensor | None = None
     """float32 [num_edges] or None: per-edge weight (GCN normalisation), used by layers that accept it."""
+    edge_ids: Tensor | None = None
+    """int64 [num_edges] or None: global id of every edge (-1 for a self-loop the sampler added)."""
+    edge_attr: Tensor | None = None
+    """float [num_edges, D] or None: edge features (zeros for added self-loops), used by edge-aware layers."""
 
     def __post_init__(self) -> None:
         # Blocks also come from files (MiniBatch.load): a malformed one is an input error, not a bug.

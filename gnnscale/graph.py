@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.batch import Block
 from gnnscale.data.dataset import GraphDataset, csc_from_edges
 from gnnscale.distributed import wire
 from gnnscale.distributed.feature_store import DistTable, edge_source_counts
@@ -80,7 +81,9 @@ class Graph:
                                   self.world.exchanger, wire_dtype=self.wire_dtype)
         """Feature rows by global id; ``features.rows`` holds the owned ones."""
         self.labels = torch.from_numpy(resident(part.labels, np.int64))
-        """int64 [num_owned]: the owned nodes' labels."""
+        """int64 [num_owned] (or [num_owned, num_labels] 0/1): the owned nodes' labels."""
+        self.edge_features = self._edge_table(part)
+        """Edge feature rows by global edge id (the owned nodes' in-edges are this rank's), or None."""
         self.train_ids, self.val_ids, self.test_ids = (self._owned(part.train_masks), self._owned(part.val_masks),
                                                        self._owned(part.test_masks))
         self._memo: dict[Any, Any] = {}
@@ -113,7 +116,7 @@ class Graph:
     def from_arrays(cls, src: Any, dst: Any, *, features: Any, labels: Any, train_mask: Any, val_mask: Any,
                     test_mask: Any, num_nodes: int | None = None, num_classes: int | None = None,
                     symmetrize: bool = False, metric: str = "accuracy", name: str = "arrays",
-                    world: World | None = None) -> "Graph":
+                    edge_features: Any = None, world: World | None = None) -> "Graph":
         """A world of one's graph from edge arrays (``src[i] -> dst[i]``), node features [N, F], integer labels
         [N] (or 0/1 [N, num_labels] with ``metric="multilabel_roc_auc"``) and boolean masks [N] (or
         [num_splits, N]).  ``symmetrize`` adds every reverse edge."""
@@ -126,12 +129,43 @@ class Graph:
             raise ValueError(f"edge endpoints must be node ids in [0, {num_nodes}); relabel the nodes, or pass "
                              f"num_nodes")
         labels = np.asarray(labels)
-        indptr, indices = csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize)
+        if edge_features is None:
+            indptr, indices = csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize)
+        else:
+            indptr, indices, edge_features = csc_with_edge_data(src, dst, num_nodes, np.asarray(edge_features),
+                                                                symmetrize=symmetrize)
         dataset = GraphDataset(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
+                               edge_features=edge_features,
                                train_masks=train_mask, val_masks=val_mask, test_masks=test_mask, metric=metric,
                                num_classes=num_classes if num_classes is not None else labels.shape[1]
                                if metric == "multilabel_roc_auc" and labels.ndim == 2 else int(labels.max()) + 1)
         return cls.from_dataset(dataset, world)
+
+    def _edge_table(self, part: Partition) -> DistTable | None:
+        """Partition ``p`` stores the in-edges of its nodes, so it owns the contiguous global edge ids that
+        follow the edges of partitions ``0..p-1`` (the order the replicated structure concatenates them in)."""
+        if part.edge_features is None:
+            return None
+        counts = [int(p["num_edges"]) for p in part.manifest["parts"]] if self.world.size > 1 else \
+            [part.num_edges]
+        offsets = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int64)
+        self.structure.edge_start = int(offsets[self.world.rank])
+        return DistTable(torch.from_numpy(resident(part.edge_features, np.float32)), offsets, self.world.exchanger,
+                         wire_dtype=self.wire_dtype)
+
+    def attach_edge_features(self, blocks: list[Block], *, local: bool = False) -> None:
+        """Fill every block's ``edge_attr`` from its ``edge_ids`` (zeros for added self-loops).  A collective on
+        several ranks, unless ``local``: every edge is an in-edge of an owned node (evaluation's blocks)."""
+        table = self.edge_features
+        assert table is not None
+        for block in blocks:
+            ids = block.edge_ids
+            assert ids is not None, "sample with SamplerConfig(edge_ids=True) to attach edge features"
+            real = ids >= 0
+            rows = table.rows.new_zeros((ids.numel(), *table.row_shape))
+            wanted = ids[real]
+            rows[real] = table.rows.index_select(0, wanted - table.start) if local else table.gather(wanted)
+            block.edge_attr = rows
 
     def _owned(self, masks: np.ndarray) -> Tensor:
         return torch.from_numpy(np.flatnonzero(np.asarray(masks[self.split]))) + self.start
@@ -238,6 +272,26 @@ class Graph:
             whole = self._memo.get("replicated", self.structure)
             return lambda ids: whole.degree.index_select(0, ids).to(torch.float32)
         return self.degree_table().lookup
+
+
+def csc_with_edge_data(src: np.ndarray, dst: np.ndarray, num_nodes: int, data: np.ndarray, *,
+                       symmetrize: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSC ``(indptr, indices, data)`` of COO edges carrying rows of ``data`` [num_edges, D]: self-loops dropped,
+    repeated edges kept (each has its own row), a reverse edge (``symmetrize``) with its edge's row.
+
+    Raises:
+        ValueError: ``data`` does not have one row per edge.
+    """
+    if data.ndim != 2 or data.shape[0] != src.shape[0]:
+        raise ValueError(f"edge_features must be [num_edges, D] = [{src.shape[0]}, D], got {list(data.shape)}")
+    keep = src != dst
+    src, dst, data = src[keep], dst[keep], data[keep]
+    if symmetrize:
+        src, dst, data = np.concatenate([src, dst]), np.concatenate([dst, src]), np.concatenate([data, data])
+    order = np.lexsort((src, dst))
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    return indptr, src[order], data[order]
 
 
 def _partition_here(dataset: GraphDataset, folder: Path, world: World, split: int) -> Partition:

@@ -117,18 +117,21 @@ def read_outputs(folder: str | Path) -> np.ndarray:
     return out
 
 
-def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool) -> list[tuple[Block, Tensor]]:
+def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool,
+            edge_features: bool) -> list[tuple[Block, Tensor]]:
     """Full-neighbour blocks over the owned nodes (memoised on the graph), each with its source rows in
     ``cat(owned, halo)``."""
-    key = ("inference-blocks", batch_size, self_loops, gcn_norm)
+    key = ("inference-blocks", batch_size, self_loops, gcn_norm, edge_features)
     if key not in graph._memo:
-        config = SamplerConfig(fanouts=[-1], self_loops=self_loops, gcn_norm=gcn_norm)
+        config = SamplerConfig(fanouts=[-1], self_loops=self_loops, gcn_norm=gcn_norm, edge_ids=edge_features)
         lookup = graph.degree_lookup() if config.gcn_norm else None
         halo_ids = graph.halo()[0]
         blocks = []
         for chunk in graph.owned_ids.split(batch_size):
-            src, counts = graph.structure.sample(chunk, -1, False, None)
-            block = make_block(chunk, src, counts, config, lookup)
+            src, counts, *edges = graph.structure.sample(chunk, -1, False, None, with_edges=edge_features)
+            block = make_block(chunk, src, counts, config, lookup, *edges)
+            if edge_features:  # every edge is an owned node's in-edge: its features are here
+                graph.attach_edge_features([block], local=True)
             ids = block.src_ids
             is_owned = (ids >= graph.start) & (ids < graph.end)
             rows = torch.where(is_owned, ids - graph.start, graph.num_owned + torch.searchsorted(halo_ids, ids))
@@ -139,14 +142,15 @@ def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool) -> 
 
 @torch.no_grad()
 def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 8192, self_loops: bool = False,
-                        gcn_norm: bool = False, device: torch.device | str | None = None) -> NodeOutputs:
+                        gcn_norm: bool = False, edge_features: bool = False,
+                        device: torch.device | str | None = None) -> NodeOutputs:
     """The model's output for every owned node, layer by layer over all neighbours (a collective).
 
     Args:
         graph: the graph handle.
         model: follows the module docstring's protocol (``num_layers``, ``layer``); a DDP wrapper is unwrapped.
         batch_size: destination nodes per block.
-        self_loops, gcn_norm: as the model was trained with (the loader's settings).
+        self_loops, gcn_norm, edge_features: as the model was trained with (the loader's settings).
         device: where the layers run (default: the world's device); rows stay on the host.
 
     Raises:
@@ -158,11 +162,13 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
                         f"and layer(index, block, h) (see gnnscale.inference)")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if edge_features and graph.edge_features is None:
+        raise ValueError("edge_features=True needs a graph with edge features")
     device = torch.device(device) if device is not None else graph.world.device
     was_training = module.training
     module.eval()
     try:
-        rows = _run_layers(graph, module, _blocks(graph, batch_size, self_loops, gcn_norm), device)
+        rows = _run_layers(graph, module, _blocks(graph, batch_size, self_loops, gcn_norm, edge_features), device)
     finally:
         module.train(was_training)
     return NodeOutputs(graph, rows)

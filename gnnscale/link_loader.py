@@ -75,10 +75,11 @@ class LinkBatch:
 def remove_edges(structure: LocalGraph, edges: Tensor, num_nodes: int) -> LocalGraph:
     """``structure`` without the directed ``edges`` int64 [2, k] (global ``(src, dst)``; others' edges ignored)."""
     dst = torch.arange(structure.start, structure.start + structure.num_owned, dtype=torch.int64)
-    src, counts = drop_excluded(dst, torch.from_numpy(structure.indices), structure.degree,
-                                exclusion_keys(edges, num_nodes), num_nodes)
+    src, counts, _ = drop_excluded(dst, torch.from_numpy(structure.indices), structure.degree,
+                                   exclusion_keys(edges, num_nodes), num_nodes)
     indptr = np.zeros(structure.num_owned + 1, dtype=np.int64)
     np.cumsum(counts.numpy(), out=indptr[1:])
+    # Edge ids (positions in the stored edges) would shift: the loader samples no edge ids (edge features).
     return LocalGraph(indptr, src.numpy().copy(), start=structure.start)
 
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from gnnscale.batch import MiniBatch
 from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.graph import Graph
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader
@@ -63,6 +65,8 @@ class NodeLoader:
             (:mod:`gnnscale.train.shares`); None: each rank trains its own seeds.
         device: where batches are delivered (default: the world's device).
         features_on_device: keep the whole feature table on a CUDA device and send only ids (world of one).
+        edge_features: give every block the features of its edges (``block.edge_attr``; the graph must have
+            them), for edge-aware layers such as ``GATConv(edge_dim=...)``.
 
     Raises:
         ValueError: a bad argument (named in the message), or seeds that are not this rank's.
@@ -72,12 +76,16 @@ class NodeLoader:
                  shuffle: bool = True, seed: int = 0, self_loops: bool = False, gcn_norm: bool = False,
                  replace: bool = False, labels: Tensor | None = None, num_workers: int = 1, prefetch: int = 2,
                  cache: CacheConfig | None = None, rank_capacity: str | None = None,
-                 device: torch.device | str | None = None, features_on_device: bool = False) -> None:
+                 device: torch.device | str | None = None, features_on_device: bool = False,
+                 edge_features: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a gnnscale.Graph, got {type(graph).__name__}")
         self.graph, self.world = graph, graph.world
+        if edge_features and graph.edge_features is None:
+            raise ValueError("edge_features=True needs a graph with edge features (a dataset with edge_features, "
+                             "or Graph.from_arrays(..., edge_features=...))")
         self.sampler_config = SamplerConfig(fanouts=list(fanouts), self_loops=self_loops, gcn_norm=gcn_norm,
-                                            replace=replace)
+                                            replace=replace, edge_ids=edge_features)
         self.seeds = self._check_seeds(graph.train_ids if seeds is None else seeds)
         self.labels = graph.labels if labels is None else self._check_labels(labels)
         self.device = torch.device(device) if device is not None else self.world.device
@@ -157,8 +165,14 @@ class NodeLoader:
                               seed=probe.seed, shuffle=self.shuffle, pin_memory=self.device.type == "cuda",
                               gather_features=not self.features_on_device,
                               num_batches=None if self.world.size == 1 else self.steps, rank=self.world.rank)
-        return PrefetchLoader(self.sampler.sample, self.seeds, table, labels, config, first_id=first_id,
+        sample = self._sample_with_edge_features if self.sampler_config.edge_ids else self.sampler.sample
+        return PrefetchLoader(sample, self.seeds, table, labels, config, first_id=first_id,
                               plan=None if self.shares is None else self.shares.plan)
+
+    def _sample_with_edge_features(self, seeds: Tensor, *, rng: np.random.Generator) -> MiniBatch:
+        batch = self.sampler.sample(seeds, rng=rng)
+        self.graph.attach_edge_features(batch.blocks)  # a collective, on the loader's one thread, in batch order
+        return batch
 
     # ------------------------------------------------------------------ iteration
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 METHODS = ("metis", "random")
@@ -48,7 +48,11 @@ class PartitionConfig:
     partition 1 gets twice the nodes, training nodes and edges of partition 0, for a rank twice
     as fast), or a comma-separated string of them (``--part-weights``); stored normalised to sum 1.
     ``None``: equal shares.  Every balance constraint, and ``"random"``'s node counts, target
-    these shares; the tolerance applies to each partition's own target."""
+    these shares; the tolerance applies to each partition's own target.  Each partition's share of the
+    training nodes (of nodes, where ``split`` has none) must reach at least one (:func:`check_minimum_shares`)."""
+    weights_given: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    """``part_weights`` as the user wrote them, one string per partition (set from ``part_weights``): errors
+    quote them and suggest a corrected list in the same units."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rebalance, bool):
@@ -80,7 +84,22 @@ class PartitionConfig:
         if self.niter < 1:
             raise ValueError(f"niter must be >= 1, got {self.niter}")
         if self.part_weights is not None:
-            self.part_weights = normalised_weights(self.part_weights, self.num_parts)
+            text = weights_text(self.part_weights)  # once: a generator can be read only once
+            self.part_weights = normalised_weights(text, self.num_parts)
+            self.weights_given = tuple(item.strip() for item in text.split(","))
+
+
+def weights_text(weights: str | Iterable[float]) -> str:
+    """``weights`` as a comma-separated string (numbers as ``str`` writes them).
+
+    Raises:
+        TypeError: neither a string nor an iterable.
+    """
+    try:
+        return weights if isinstance(weights, str) else ",".join(map(str, weights))
+    except TypeError:
+        raise TypeError(f"PartitionConfig.part_weights must be a comma-separated string or a sequence of numbers, "
+                        f"got {weights!r} ({type(weights).__name__})") from None
 
 
 def normalised_weights(weights: str | Iterable[float], num_parts: int) -> tuple[float, ...]:
@@ -90,11 +109,7 @@ def normalised_weights(weights: str | Iterable[float], num_parts: int) -> tuple[
         TypeError: neither a string nor an iterable.
         ValueError: not numbers, not ``num_parts`` of them, or one that is not positive and finite.
     """
-    try:
-        text = weights if isinstance(weights, str) else ",".join(map(str, weights))
-    except TypeError:
-        raise TypeError(f"PartitionConfig.part_weights must be a comma-separated string or a sequence of numbers, "
-                        f"got {weights!r} ({type(weights).__name__})") from None
+    text = weights_text(weights)
     example = "e.g. --part-weights " + ",".join(["1"] * (num_parts - 1) + ["2"] if num_parts > 1 else ["1"])
     try:
         values = [float(item) for item in text.split(",")]

@@ -26,6 +26,9 @@ ORIG2NEW = "orig2new.npy"
 PART_ARRAYS = ("indptr", "indices", "halo_ids", "orig_ids", "features", "labels",
                "train_masks", "val_masks", "test_masks")
 """The arrays of one partition, each in ``part<p>/<name>.npy``."""
+OPTIONAL_PART_ARRAYS = ("edge_features",)
+"""Arrays a partition has when its dataset does (``edge_features``: float [num_edges, D], row ``i`` the features
+of in-edge ``i`` of ``indices``; listed under the manifest's ``edge_data``)."""
 REQUIRED_KEYS = ("format", "format_version", "num_nodes", "num_edges", "num_parts", "node_ranges", "num_classes",
                  "metric", "num_splits", "halo_hops", "node_data", "parts", "files")
 REPAIR = "re-create the folder with python -m partition ... --force"

@@ -10,7 +10,8 @@ import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
 from partition.book import PartitionBook
-from partition.format import ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file, read_manifest
+from partition.format import (OPTIONAL_PART_ARRAYS, ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file,
+                              read_manifest)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -40,6 +41,8 @@ class Partition:
     """bool [num_splits, n]."""
     test_masks: np.ndarray
     """bool [num_splits, n]."""
+    edge_features: np.ndarray | None = None
+    """float [num_edges, D]: the features of in-edge ``i`` of ``indices`` (None when the dataset has none)."""
     num_classes: int
     """Number of label classes of the whole dataset."""
     metric: str
@@ -140,7 +143,10 @@ def expected_shapes(manifest: dict, part: int) -> dict[str, tuple[str, list[int]
                 "halo_ids": ("int64", [info["num_halo"]]), "orig_ids": ("int64", [n]),
                 "features": (data["features"]["dtype"], [n, data["features"]["shape"][1]]),
                 "labels": (data["labels"]["dtype"], [n, *data["labels"]["shape"][1:]]),
-                **{name: ("bool", [num_splits, n]) for name in ("train_masks", "val_masks", "test_masks")}}
+                **{name: ("bool", [num_splits, n]) for name in ("train_masks", "val_masks", "test_masks")},
+                **({"edge_features": (manifest["edge_data"]["features"]["dtype"],
+                                      [info["num_edges"], manifest["edge_data"]["features"]["shape"][1]])}
+                   if "edge_data" in manifest else {})}
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise PartitionError(f"manifest.json: the entries of partition {part} are malformed ({err!r}); re-create "
                              f"the folder with python -m partition ... --force") from None
@@ -150,7 +156,7 @@ def open_part_arrays(root: Path, manifest: dict, part: int, *, checksums: bool) 
     """Every array of partition ``part`` (read-only memmaps), each checked against the manifest."""
     shapes = expected_shapes(manifest, part)
     arrays = {}
-    for name in PART_ARRAYS:
+    for name in [*PART_ARRAYS, *(name for name in OPTIONAL_PART_ARRAYS if name in shapes)]:
         rel = part_file(part, name)
         dtype, shape = shapes[name]
         arrays[name] = open_array(root, rel, _record(manifest, rel, dtype, shape), checksum=checksums)
@@ -239,6 +245,7 @@ def whole_graph_partition(dataset: GraphDataset) -> Partition:
     book = PartitionBook(offsets=np.array([0, n], dtype=np.int64), orig2new=ids, orig_ids=lambda part: ids)
     return Partition(part=0, book=book, indptr=dataset.indptr, indices=dataset.indices,
                      halo_ids=np.empty(0, dtype=np.int64), orig_ids=ids, features=dataset.features,
-                     labels=dataset.labels, train_masks=dataset.train_masks, val_masks=dataset.val_masks,
+                     labels=dataset.labels, edge_features=dataset.edge_features,
+                     train_masks=dataset.train_masks, val_masks=dataset.val_masks,
                      test_masks=dataset.test_masks, num_classes=dataset.num_classes, metric=dataset.metric,
                      manifest={"dataset": {"name": dataset.name}})

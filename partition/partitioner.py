@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from partition.assign import assign_parts
 from partition.book import PartitionBook
 from partition.config import PartitionConfig
 from partition.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, ORIG2NEW, ArrayWriter
+from partition.minimums import check_assignment, check_minimum_shares
 from partition.report import StageMonitor, quality_figures
 from partition.writer import atomic_directory, check_output, write_partitions
 
@@ -39,7 +39,9 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
         The manifest, as written to ``out_dir/manifest.json``.
 
     Raises:
-        ValueError: ``num_parts`` exceeds the number of nodes, or ``split`` does not exist.
+        ValueError: ``num_parts`` exceeds the number of nodes, ``split`` does not exist, or a partition would
+            be empty or, under ``part_weights``, without a training node (:mod:`partition.minimums`); raised
+            before anything is written.
         FileExistsError: ``out_dir`` exists and ``force`` is off (or it is not a partition folder).
     """
     out = Path(out_dir)
@@ -47,7 +49,8 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
     if config.num_parts > dataset.num_nodes:
         raise ValueError(f"num_parts={config.num_parts} exceeds the number of nodes of {dataset.name} "
                          f"({dataset.num_nodes:,}); pass --num-parts {dataset.num_nodes} or fewer")
-    dataset.split(config.split)  # raises, naming the valid range, before any work
+    train_mask = dataset.split(config.split)[0]  # raises, naming the valid range, before any work
+    check_minimum_shares(config, int(np.count_nonzero(train_mask)), dataset.name)
     monitor = monitor or StageMonitor(log.info)
     book, new2orig, assign_info = _assign_and_relabel(dataset, config, monitor)
     with atomic_directory(out, force=force) as tmp:
@@ -76,14 +79,10 @@ def _assign_and_relabel(dataset: GraphDataset, config: PartitionConfig,
     """The partition book, the new-to-original id map, and what the assignment reports (METIS cut, balance)."""
     with monitor.stage("metis" if config.method == "metis" and config.num_parts > 1 else "assign"):
         parts, assign_info = assign_parts(dataset, config)
+    check_assignment(config, parts, dataset.split(config.split)[0], dataset.name)
     with monitor.stage("relabel"):
         book, new2orig = PartitionBook.from_parts(parts, config.num_parts)
         del parts
-    empty = [p for p in range(book.num_parts) if book.num_owned(p) == 0]
-    if empty:
-        # stacklevel 3: the caller of partition_graph.
-        warnings.warn(f"partition(s) {empty} own no nodes: {dataset.name} is too small or too disconnected for "
-                      f"{config.num_parts} balanced parts; use fewer --num-parts", stacklevel=3)
     return book, new2orig, assign_info
 
 
@@ -111,6 +110,9 @@ def build_manifest(dataset: GraphDataset, config: PartitionConfig, book: Partiti
                       "labels": {"dtype": str(dataset.labels.dtype), "shape": [n, *dataset.labels.shape[1:]]},
                       **{name: {"dtype": "bool", "shape": [s, n]}
                          for name in ("train_masks", "val_masks", "test_masks")}},
+        **({"edge_data": {"features": {"dtype": str(dataset.edge_features.dtype),
+                                       "shape": list(dataset.edge_features.shape)}}}
+           if dataset.edge_features is not None else {}),
         "partitioning": partitioning,
         "quality": quality,
         "stages": stages,

@@ -1,7 +1,7 @@
 """``verify``: check a partition folder, alone or against its source dataset; stop at the first problem.
 
 The checks, in order (docs/partitioning.md): the manifest; every file listed, present, of its recorded
-size and sha256; the id ranges tile ``[0, N)``; each ``.npy`` header; each partition's invariants as
+size and sha256; the id ranges tile ``[0, N)`` and none is empty; each ``.npy`` header; each partition's invariants as
 ``load_partition`` checks them (CSC offsets, id and label ranges, ``orig2new`` and ``orig_ids`` inverting
 each other); the edge count and the H-hop halos recomputed from the partitions' own edges; where the
 manifest records ``part_weights``, the achieved shares counted in the arrays (reported, not judged); with a
@@ -54,7 +54,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
 
     manifest = read_manifest(root)
     num_parts, num_nodes = manifest["num_parts"], manifest["num_nodes"]
-    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in PART_ARRAYS]
+    arrays = [*PART_ARRAYS, *(["edge_features"] if "edge_data" in manifest else [])]
+    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in arrays]
     for rel in needed:
         if rel not in manifest["files"]:
             raise PartitionError(f"{root / 'manifest.json'}: does not list {rel}, which a folder of {num_parts} "
@@ -63,7 +64,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
     passed(f"files: {len(needed)} present with the recorded sizes" + (" and sha256" if checksums else ""))
 
     offsets = node_offsets(manifest)
-    passed(f"id ranges: {num_parts} contiguous ranges tile [0, {num_nodes})")
+    _check_none_empty(root, manifest, offsets)
+    passed(f"id ranges: {num_parts} contiguous non-empty ranges tile [0, {num_nodes})")
     book = open_book(root, manifest, checksums=False)
     parts = [open_part_arrays(root, manifest, p, checksums=False) for p in range(num_parts)]
     passed("arrays: every .npy header matches the manifest's dtype and shape")
@@ -85,6 +87,16 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
                f"and masks equal")
     return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"], "shares": shares,
             "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
+
+
+def _check_none_empty(root: Path, manifest: dict, offsets: np.ndarray) -> None:
+    """Refuse a partition of no nodes (``offsets``: int64 [K + 1]): ``partition`` refuses to write one, but
+    folders written before it did, or by other tools, can hold one."""
+    empty = np.flatnonzero(np.diff(offsets) == 0).tolist()
+    if empty:
+        raise PartitionError(f"{root / MANIFEST}: partition(s) {empty} own no nodes (node_ranges "
+                             f"{[manifest['node_ranges'][p] for p in empty]}), so their ranks would have nothing to "
+                             f"train on; re-partition with fewer --num-parts or larger --part-weights for them")
 
 
 def format_shares(shares: dict[str, list[float]]) -> str:

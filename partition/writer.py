@@ -68,20 +68,27 @@ def write_partitions(dataset: GraphDataset, book: PartitionBook, new2orig: np.nd
             else np.zeros(0, dtype=np.int64)
         writer.write(part_file(part, "halo_ids"), halo)
         writer.write(part_file(part, "orig_ids"), owned)
-
-        features = writer.open(part_file(part, "features"), (owned.shape[0], dataset.num_features),
-                               dataset.features.dtype)
-        rows = max(1, _FEATURE_CHUNK_BYTES // max(1, dataset.features.dtype.itemsize * dataset.num_features))
-        for lo in range(0, owned.shape[0], rows):
-            features.append(dataset.features[owned[lo:lo + rows]])
-        features.close()
-        writer.write(part_file(part, "labels"), dataset.labels[owned])
-        for name in ("train_masks", "val_masks", "test_masks"):
-            writer.write(part_file(part, name), getattr(dataset, name)[:, owned])
+        _write_node_data(dataset, part, owned, writer)
         stats.append({"part": part, "node_range": [start, end], "num_nodes": end - start,
                       "num_edges": int(indptr[-1]), "num_cut_edges": int(num_cut), "num_halo": int(halo.shape[0]),
                       "num_train": int(np.count_nonzero(train[owned]))})
     return stats
+
+
+def _write_node_data(dataset: GraphDataset, part: int, owned: np.ndarray, writer: ArrayWriter) -> None:
+    """Partition ``part``'s rows of the features (streamed in chunks), labels, masks and edge features (in the
+    order of its in-edges) of the original nodes ``owned``."""
+    features = writer.open(part_file(part, "features"), (owned.shape[0], dataset.num_features),
+                           dataset.features.dtype)
+    rows = max(1, _FEATURE_CHUNK_BYTES // max(1, dataset.features.dtype.itemsize * dataset.num_features))
+    for lo in range(0, owned.shape[0], rows):
+        features.append(dataset.features[owned[lo:lo + rows]])
+    features.close()
+    writer.write(part_file(part, "labels"), dataset.labels[owned])
+    if dataset.edge_features is not None:
+        writer.write(part_file(part, "edge_features"), dataset.edge_features[segment_positions(dataset.indptr, owned)])
+    for name in ("train_masks", "val_masks", "test_masks"):
+        writer.write(part_file(part, name), getattr(dataset, name)[:, owned])
 
 
 # ---------------------------------------------------------------------- atomic output
@@ -138,3 +145,10 @@ def atomic_directory(out: Path, *, force: bool) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+def segment_positions(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions in a CSC's ``indices`` of every in-edge of ``rows``, row after row: int64 [sum of degrees]."""
+    starts, counts = indptr[rows], indptr[rows + 1] - indptr[rows]
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)

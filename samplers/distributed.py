@@ -42,19 +42,26 @@ class LocalGraph:
         start: new global id of local node 0.
     """
 
-    def __init__(self, indptr: np.ndarray | Tensor, indices: np.ndarray | Tensor, *, start: int) -> None:
+    def __init__(self, indptr: np.ndarray | Tensor, indices: np.ndarray | Tensor, *, start: int,
+                 edge_start: int = 0) -> None:
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.start = start
+        self.edge_start = edge_start
+        """Global id of the first stored edge: edge ``i`` of ``indices`` is global edge ``edge_start + i``."""
         self.num_owned = self.indptr.size - 1
         self.degree = torch.from_numpy(self.indptr[1:] - self.indptr[:-1])
 
-    def sample(self, global_dst: Tensor, fanout: int, replace: bool,
-               rng: np.random.Generator | None) -> tuple[Tensor, Tensor]:
+    def sample(self, global_dst: Tensor, fanout: int, replace: bool, rng: np.random.Generator | None, *,
+               with_edges: bool = False) -> tuple[Tensor, ...]:
         """In-neighbours of owned ``global_dst``: ``(src global ids, counts per dst)``, grouped in dst order,
-        drawing from ``rng`` (``None`` only with fanout ``-1``, which draws nothing).
-        A node listed twice (two ranks asked for it) gets two independent samples."""
-        return sample_in_edges(self.indptr, self.indices, global_dst.numpy() - self.start, fanout, replace, rng)
+        drawing from ``rng`` (``None`` only with fanout ``-1``, which draws nothing); with ``with_edges`` also
+        the global edge ids.  A node listed twice (two ranks asked for it) gets two independent samples."""
+        sampled = sample_in_edges(self.indptr, self.indices, global_dst.numpy() - self.start, fanout, replace, rng,
+                                  with_edges=with_edges)
+        if with_edges:
+            return sampled[0], sampled[1], sampled[2] + self.edge_start
+        return sampled
 
 
 def structure_bytes(num_nodes: int, num_edges: int) -> int:
@@ -115,9 +122,9 @@ class DistNeighborSampler:
         blocks = []
         dst = seeds
         for fanout in reversed(fanouts):
-            src, counts = self._sample_frontier(dst, fanout, rng)
-            src, counts = drop_excluded(dst, src, counts, excluded, num_nodes)
-            block = make_block(dst, src, counts, self.config, degrees)
+            src, counts, edges = self._sample_frontier(dst, fanout, rng)
+            src, counts, edges = drop_excluded(dst, src, counts, excluded, num_nodes, edges)
+            block = make_block(dst, src, counts, self.config, degrees, edges)
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
@@ -126,10 +133,14 @@ class DistNeighborSampler:
         """Full-graph in-degrees (float) of any ``ids``, read from a replicated graph."""
         return self.graph.degree.index_select(0, ids).to(torch.float32)
 
-    def _sample_frontier(self, dst: Tensor, fanout: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
-        """Sampled in-neighbours of any ``dst``: owned ones here, the others by their owners."""
+    def _sample_frontier(self, dst: Tensor, fanout: int,
+                         rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Sampled in-neighbours of any ``dst``: owned ones here, the others by their owners; with
+        ``config.edge_ids`` also the sampled edges' global ids (else None)."""
+        with_edges = self.config.edge_ids
         if self.world_size == 1 or self.replicated:
-            return self.graph.sample(dst, fanout, self.config.replace, rng)
+            src, counts, *edges = self.graph.sample(dst, fanout, self.config.replace, rng, with_edges=with_edges)
+            return src, counts, edges[0] if edges else None
         owner = torch.searchsorted(self.offsets, dst, right=True) - 1
         order, sizes = split_by_owner(owner, self.world_size)
         rank = self.exchanger.rank
@@ -138,24 +149,28 @@ class DistNeighborSampler:
         requests = self.exchanger.exchange([c if r != rank else c[:0] for r, c in enumerate(outgoing)])
         requests[rank] = outgoing[rank]
         served = torch.cat(requests)
-        src, counts = self.graph.sample(served, fanout, self.config.replace, rng)
-        # Reply to rank r: the counts of its requests, then their sources, in one int64 message.
+        src, counts, *edges = self.graph.sample(served, fanout, self.config.replace, rng, with_edges=with_edges)
+        # Reply to rank r: the counts of its requests, then their sources (then their edge ids), in one int64
+        # message.
         request_sizes = [r.numel() for r in requests]
         count_parts = counts.split(request_sizes)
-        src_parts = src.split([int(c.sum()) for c in count_parts])
-        replies = [torch.cat([c, s]) if r != rank else c[:0] for r, (c, s) in enumerate(zip(count_parts, src_parts))]
-        received = self.exchanger.exchange(replies)
-        received[rank] = torch.cat([count_parts[rank], src_parts[rank]])
+        edge_counts = [int(c.sum()) for c in count_parts]
+        columns = [src.split(edge_counts), *(e.split(edge_counts) for e in edges)]
+        replies = [torch.cat([count_parts[r], *(column[r] for column in columns)]) for r in range(len(requests))]
+        received = self.exchanger.exchange([m if r != rank else m[:0] for r, m in enumerate(replies)])
+        received[rank] = replies[rank]
         # Back in the order of dst: each rank's answers arrive in the order its requests went out.
         counts_by_pos = torch.empty(dst.numel(), dtype=torch.int64)
-        arrived_counts, arrived_src = [], []
-        for r, message in enumerate(received):
-            arrived_counts.append(message[:sizes[r]])
-            arrived_src.append(message[sizes[r]:])
+        arrived_counts = [message[:sizes[r]] for r, message in enumerate(received)]
         grouped_counts = torch.cat(arrived_counts)
-        grouped_src = torch.cat(arrived_src)
         counts_by_pos[order] = grouped_counts
-        return regroup(grouped_src, grouped_counts, order, counts_by_pos), counts_by_pos
+        grouped = [[] for _ in columns]
+        for r, message in enumerate(received):
+            total = int(arrived_counts[r].sum())
+            for column in range(len(columns)):
+                grouped[column].append(message[sizes[r] + column * total: sizes[r] + (column + 1) * total])
+        src, *edges = (regroup(torch.cat(parts), grouped_counts, order, counts_by_pos) for parts in grouped)
+        return src, counts_by_pos, edges[0] if edges else None
 
 
 def regroup(values: Tensor, counts: Tensor, order: Tensor, counts_by_pos: Tensor) -> Tensor:

@@ -35,6 +35,9 @@ class SamplerConfig:
     self_loops: bool = False
     """Append a ``v -> v`` edge for every destination of every block (GAT, GCN), after sampling,
     so a node always sees itself whatever the fanout."""
+    edge_ids: bool = False
+    """Record every sampled edge's global id in ``Block.edge_ids`` (-1 for added self-loops), so that edge
+    features can be gathered for it."""
     gcn_norm: bool = False
     """Attach Kipf & Welling edge weights ``1/sqrt(d~_u d~_v)`` from full-graph degrees
     (``d~ = degree + 1``), scaled by ``degree / sampled`` so a sampled sum is unbiased for the
@@ -77,17 +80,17 @@ class NeighborSampler:
         blocks: list[Block] = []
         dst = seeds
         for fanout in reversed(fanouts):
-            src, counts = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
-                                          self.config.replace, rng)
-            src, counts = drop_excluded(dst, src, counts, excluded, self.num_nodes)
-            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids])
+            src, counts, *edges = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
+                                                  self.config.replace, rng, with_edges=self.config.edge_ids)
+            src, counts, edge_ids = drop_excluded(dst, src, counts, excluded, self.num_nodes, *edges)
+            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids], edge_ids)
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
 
 
 def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fanout: int, replace: bool,
-                    rng: np.random.Generator) -> tuple[Tensor, Tensor]:
+                    rng: np.random.Generator, *, with_edges: bool = False) -> tuple[Tensor, ...]:
     """Sampled in-edges of the local nodes ``dst``, grouped by destination in ``dst``'s order, drawing from ``rng``.
 
     Args:
@@ -98,7 +101,8 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
         rng: the generator every draw comes from (fanout ``-1`` draws nothing).
 
     Returns:
-        ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``.
+        ``(src int64 [E], counts int64 [num_dst])``: the sources as stored in ``indices``; with ``with_edges``
+        also ``edges int64 [E]``, each sampled edge's position in ``indices``.
     """
     starts = indptr[dst]
     degree = indptr[dst + 1] - starts
@@ -121,7 +125,10 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
         if wide.size:
             slots = first[wide, None] + np.arange(fanout)
             position[slots] = sample_without_replacement(degree[wide], fanout, rng)
-    src = indices[np.repeat(starts, counts) + position]
+    edges = np.repeat(starts, counts) + position
+    src = indices[edges]
+    if with_edges:
+        return torch.from_numpy(src), torch.from_numpy(counts), torch.from_numpy(edges)
     return torch.from_numpy(src), torch.from_numpy(counts)
 
 
@@ -145,39 +152,42 @@ def exclusion_keys(exclude: Tensor | np.ndarray | None, num_nodes: int) -> np.nd
     return np.unique(pairs[1] * num_nodes + pairs[0])
 
 
-def drop_excluded(dst: Tensor, src: Tensor, counts: Tensor, excluded: np.ndarray | None,
-                  num_nodes: int) -> tuple[Tensor, Tensor]:
-    """``(src, counts)`` of one hop without the edges whose key is in ``excluded`` (sorted int64 keys).
+def drop_excluded(dst: Tensor, src: Tensor, counts: Tensor, excluded: np.ndarray | None, num_nodes: int,
+                  edges: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(src, counts, edges)`` of one hop without the edges whose key is in ``excluded`` (sorted int64 keys).
 
     Args:
         dst: int64 [num_dst] global destination ids; ``src`` holds ``counts[i]`` sources of ``dst[i]``.
         src: int64 [E] global source ids grouped by destination.
         counts: int64 [num_dst].
+        edges: int64 [E] the sampled edges' ids, filtered alike (or None).
     """
     if excluded is None or excluded.size == 0 or src.numel() == 0:
-        return src, counts
+        return src, counts, edges
     src_np, counts_np = src.numpy(), counts.numpy()
     keys = np.repeat(dst.numpy(), counts_np) * num_nodes + src_np
     where = np.minimum(np.searchsorted(excluded, keys), excluded.size - 1)
     hit = excluded[where] == keys
     if not hit.any():
-        return src, counts
+        return src, counts, edges
     # Each destination loses as many edges as it had hits: counts minus a per-segment sum.
     segment = np.repeat(np.arange(counts_np.size), counts_np)
     lost = np.bincount(segment[hit], minlength=counts_np.size)
-    return torch.from_numpy(src_np[~hit]), torch.from_numpy(counts_np - lost)
+    kept = torch.from_numpy(~hit)
+    return src[kept], torch.from_numpy(counts_np - lost), None if edges is None else edges[kept]
 
 
 def make_block(dst: Tensor, src: Tensor, counts: Tensor, config: SamplerConfig,
-               degrees: Callable[[Tensor], Tensor] | None) -> Block:
+               degrees: Callable[[Tensor], Tensor] | None, edge_ids: Tensor | None = None) -> Block:
     """Compact ``(dst, src, counts)`` into a block, with self-loops and GCN weights as ``config`` asks.
-    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only)."""
+    ``degrees(ids) -> float [k]`` gives full-graph in-degrees (needed for ``gcn_norm`` only); ``edge_ids``
+    the global id of every sampled edge (kept in the block)."""
     # Our own compaction instead of dgl.to_block: a parallel hash map numbers new source nodes in
     # a thread-dependent order, so two identical runs would train on permuted blocks.
     src_ids, local_src = compact(dst, src)
     indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=indptr[1:])
-    block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel())
+    block = Block(indptr=indptr, indices=local_src, src_ids=src_ids, num_dst=dst.numel(), edge_ids=edge_ids)
     if config.self_loops:
         block = add_self_loops(block)
     if config.gcn_norm:
@@ -285,4 +295,8 @@ def add_self_loops(block: Block) -> Block:
     is_self[indptr[1:] - 1] = True
     indices[is_self] = torch.arange(num_dst)
     indices[~is_self] = block.indices
-    return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst)
+    edge_ids = None
+    if block.edge_ids is not None:  # a self-loop is no edge of the graph: it has no features
+        edge_ids = torch.full((indices.numel(),), -1, dtype=torch.int64)
+        edge_ids[~is_self] = block.edge_ids
+    return Block(indptr=indptr, indices=indices, src_ids=block.src_ids, num_dst=num_dst, edge_ids=edge_ids)

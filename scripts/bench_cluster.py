@@ -3,7 +3,7 @@
     sudo python scripts/bench_cluster.py                       # 1M nodes, the default configurations
     sudo python scripts/bench_cluster.py --num-nodes 100000 --epochs 2 --only base,10gbit   # a quick look
 
-Every run is real multi-node torchrun through :mod:`gnnscale.distributed.emulated` (one network
+Every run is real multi-node torchrun through ``scripts/bench/emulated.py`` (one network
 namespace per machine, its egress shaped with tc tbf, its processes pinned to its own cores): the
 baseline is 1 rank on 1 core, most other runs 2 "machines" of 1 core each; the ``half-core`` runs
 are 1, 2 and 4 machines of half a core each (a CPU quota), measured against their own 1-machine
@@ -42,7 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from gnnscale.distributed.emulated import ClusterError, ClusterSpec, EmulatedCluster, check_host  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench.emulated import ClusterError, ClusterSpec, EmulatedCluster, check_host  # noqa: E402
 from gnnscale.train.cli import strict_json  # noqa: E402
 
 MODEL_ARGS = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--lr", "0.003",
@@ -330,7 +331,7 @@ def plot_rank_count(axis, scaling: list[dict]) -> None:
 
 
 def _gbit(rate: str) -> float:
-    from gnnscale.distributed.emulated import rate_bits
+    from bench.emulated import rate_bits
     return rate_bits(rate) / 1e9
 
 

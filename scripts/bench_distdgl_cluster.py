@@ -6,7 +6,7 @@
 One graph for both (``distdgl_baseline.generate_graph``: the community-structured synthetic graph,
 100 features, 10 classes, 10% training nodes), partitioned in 2 by each side's own tool, timed apart:
 ``dgl.distributed.partition_graph`` (METIS) for DistDGL, ``python -m partition --dataset edgelist``
-for gnnscale.  Both then run through :mod:`gnnscale.distributed.emulated`: two network namespaces
+for gnnscale.  Both then run through ``scripts/bench/emulated.py``: two network namespaces
 behind links shaped to ``--rate``, each pinned to one core of its own.
 
 * **DistDGL**, DGL's multi-machine layout: on machine m, one server (``DGL_SERVER_ID=m``, serving
@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import distdgl_baseline  # noqa: E402
 from bench_cluster import MODEL_ARGS  # noqa: E402
 from bench_distributed import steady  # noqa: E402
-from gnnscale.distributed.emulated import ClusterError, ClusterSpec, EmulatedCluster, check_host  # noqa: E402
+from bench.emulated import ClusterError, ClusterSpec, EmulatedCluster, check_host  # noqa: E402
 from gnnscale.train.cli import strict_json  # noqa: E402
 
 TARGET_RATIO = 0.5

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from gnnscale.distributed.emulated import ClusterError, ClusterSpec, EmulatedCluster, rate_bits, remove_stale  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench.emulated import ClusterError, ClusterSpec, EmulatedCluster, rate_bits, remove_stale  # noqa: E402
 
 
 def machine_list(text: str) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -32,8 +33,16 @@ def shared_dataset_dir(name: str) -> Path:
     return path
 
 
-DGL_SKIP_REASON = ("needs dgl, the optional [dgl] extra (scripts/dev.sh installs it with torch 2.2.1 on "
-                   "Python 3.11)")
+DGL_SKIP_REASON = ("needs dgl, the optional [dgl] extra: scripts/dev.sh test-dgl runs it in .venv-dgl "
+                   "(Python 3.11, torch 2.2.1, dgl 2.1.0)")
+NOT_MARKED = ("skips where dgl is absent but is not marked dgl, so scripts/dev.sh test-dgl (-m dgl, CI's DGL "
+              "environment) never runs it: add @pytest.mark.dgl, or pytestmark = pytest.mark.dgl above the import")
+
+
+def _marks_dgl(marks: object) -> bool:
+    """Whether a ``pytestmark`` value (one mark or a list) holds the ``dgl`` mark."""
+    marks = marks if isinstance(marks, (list, tuple)) else [marks]
+    return any(getattr(mark, "name", None) == "dgl" for mark in marks)
 
 
 def import_dgl_or_skip() -> ModuleType:
@@ -41,13 +50,28 @@ def import_dgl_or_skip() -> ModuleType:
 
     Not ``pytest.importorskip``: with a torch newer than 2.2.1 ``import dgl`` raises
     OSError/FileNotFoundError (its C++ libraries are missing), not ImportError.  Called at
-    module level, it skips the whole module.
+    module level, it skips the whole module, which must set ``pytestmark = pytest.mark.dgl``
+    first (checked here, with or without dgl); a test that calls it must be marked ``dgl``
+    (checked by :func:`pytest_runtest_makereport` where dgl is absent).
     """
+    caller = sys._getframe(1)  # noqa: SLF001 - the module-level caller's globals hold its pytestmark
+    if caller.f_code.co_name == "<module>" and not _marks_dgl(caller.f_globals.get("pytestmark")):
+        raise RuntimeError(f"{caller.f_globals.get('__name__')}: {NOT_MARKED}")
     try:
         import dgl  # noqa: PLC0415 - optional
     except Exception as error:  # noqa: BLE001 - see the docstring
         pytest.skip(f"{DGL_SKIP_REASON}: {type(error).__name__}: {error}", allow_module_level=True)
     return dgl
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """Fail a test that skips for lack of dgl without the ``dgl`` mark: CI's DGL environment would miss it."""
+    report = yield
+    if report.skipped and DGL_SKIP_REASON in str(report.longrepr) and item.get_closest_marker("dgl") is None:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} {NOT_MARKED}"
+    return report
 
 
 @pytest.fixture(scope="session")

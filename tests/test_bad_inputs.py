@@ -28,12 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+import partition.partitioner
 from partition import PartitionConfig, partition_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +143,15 @@ def write_text(rel: str, text: str) -> Callable[[Path], None]:
 
 def events_text(text: str) -> Callable[[Path], None]:
     return write_text("events.csv", "u,i,ts,label\n" + text)
+
+
+def empty_partition_folder(d: Path) -> None:
+    """``d/parts``: two partitions, the first empty, as ``partition`` wrote them before it refused that."""
+    synthetic = generate_synthetic(SyntheticConfig(num_nodes=300, avg_degree=4, feat_dim=4, num_classes=3))
+    all_in_one = lambda dataset, config: (np.ones(dataset.num_nodes, dtype=np.int64), {"method": "metis"})
+    with mock.patch.object(partition.partitioner, "assign_parts", all_in_one), \
+            mock.patch.object(partition.partitioner, "check_assignment", lambda *args: None):
+        partition_graph(synthetic, d / "parts", PartitionConfig(num_parts=2))
 
 
 def malicious_checkpoint(d: Path) -> None:
@@ -297,6 +308,19 @@ PARTITION_CLI_CASES = [
          "--part-weights '-1,2': the weight of partition 0 is -1.0"),
     Case("partition-part-weights-nan", "partition", ["--part-weights", "1,nan"],
          "--part-weights '1,nan': the weight of partition 1 is nan"),
+    Case("partition-part-weights-starve", "partition", ["--part-weights", "1,1000"],
+         "--part-weights '1,1000' give partition(s) [0] less than one of the 36 training nodes (split 0) of graph "
+         "(target: 0.036); every partition needs at least one, or its rank has nothing to train on. The smallest "
+         "weights that give it, the others as given: --part-weights 28.6,1000"),
+    Case("partition-part-weights-starve-force", "partition", ["--part-weights", "1,1e9", "--force"],
+         "--part-weights '1,1e9' give partition(s) [0] less than one", inputs=("graph", ("parts2", "out"))),
+    Case("partition-part-weights-more-parts-than-train", "partition", ["--num-parts", "40", "--part-weights",
+                                                                        ",".join(["1"] * 40)],
+         "--part-weights '1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1': graph has "
+         "36 training nodes (split 0), fewer than the 40 partitions, and every partition needs at least one; use "
+         "--num-parts 36 or fewer"),
+    Case("verify-empty-partition", "verify", ["{d}/parts"], "own no nodes (node_ranges [[0, 0]]), so their ranks "
+         "would have nothing to train on", empty_partition_folder, inputs=(), exit_code=1),
     Case("verify-part-weights-malformed", "verify", ["{d}/parts"],
          "partitioning.part_weights [0.5, 0.7] is not a list of 2 positive shares summing to 1",
          edit_manifest(lambda m: m["partitioning"].update(part_weights=[0.5, 0.7])), inputs=(("parts2", "parts"),),

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gnnscale.distributed import emulated
-from gnnscale.distributed.emulated import ClusterError, ClusterSpec, burst_bytes, check_host, rate_bits
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "emulated_cluster.py"
+sys.path.insert(0, str(ROOT / "scripts"))  # the harness is benchmark code, outside the installed package
+from bench import emulated  # noqa: E402
+from bench.emulated import ClusterError, ClusterSpec, burst_bytes, check_host, rate_bits  # noqa: E402
 
 
 def host_problem() -> str | None:
@@ -89,6 +89,34 @@ def test_spec_checks_machines_and_pins_cores(monkeypatch):
     assert ClusterSpec(machines=3).cores(2) == [2]
     with pytest.raises(ValueError, match="slow machine 2 does not exist"):
         ClusterSpec(machines=2, slow_machines=(2,))
+
+
+def test_spec_refuses_more_cores_than_the_host_has(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^--cores-per-machine 8 x --machines 2 wants 16 cores, but this host has 2: "
+                                         r"machines pinned to shared cores would not run at the speed they emulate; "
+                                         r"use --cores-per-machine 1 or fewer"):
+        ClusterSpec(machines=2, cores_per_machine=8)
+    with pytest.raises(ValueError, match=r"^--cores-per-machine 1 x --machines 4 \(2 slow at 0.5 of theirs\) wants 3 "
+                                         r"cores, but this host has 2: .*; use --machines 2 or fewer"):
+        ClusterSpec(machines=4, slow_machines=(0, 1))
+    # What bench_cluster's rank-count runs take: 4 machines held to half a core each fill 2 cores.
+    assert ClusterSpec(machines=4, slow_machines=(0, 1, 2, 3)).cores_wanted() == 2
+    assert ClusterSpec(machines=2).cores_wanted() == 2
+
+
+def test_cli_refuses_more_cores_than_the_host_has_before_any_namespace(tmp_path):
+    """Without ip on PATH, and for a user who is not root, check_host would refuse first: the core count is
+    checked before the host, so before anything is made."""
+    host = os.cpu_count()
+    done = subprocess.run([sys.executable, str(SCRIPT), "--machines", "1", "--cores-per-machine", str(host + 1),
+                           "--log-dir", str(tmp_path / "logs"), "--", "x.py"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(tmp_path)}, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"error: --cores-per-machine {host + 1} x --machines 1 wants {host + 1} cores, but "
+                               f"this host has {host}: "), lines[0]
+    assert not (tmp_path / "logs").exists() and done.stdout == ""
 
 
 def test_refuses_without_root_in_one_line(monkeypatch):

@@ -9,6 +9,7 @@ import torch
 from conftest import import_dgl_or_skip
 
 os.environ.setdefault("DGLBACKEND", "pytorch")
+pytestmark = pytest.mark.dgl
 dgl = import_dgl_or_skip()  # skips this module where the [dgl] extra is not installed
 from dgl.nn import GATConv as DGLGATConv  # noqa: E402
 from dgl.nn import GraphConv as DGLGraphConv  # noqa: E402

@@ -226,12 +226,14 @@ def test_edgelist_mask_problems(edgelist_dir: Path, tiny: dict[str, np.ndarray])
 
 
 # ---------------------------------------------------------------------- DGL binary
+@pytest.mark.dgl
 def test_dgl_missing_ndata_key(tmp_path: Path, make_dgl_bin: Callable[..., Path]) -> None:
     path = make_dgl_bin(tmp_path / "g.bin", drop="label")
     with pytest.raises(DatasetError, match=r"g\.bin: ndata\['label'\]: missing .*dgl\.save_graphs"):
         load_dataset("dgl", path)
 
 
+@pytest.mark.dgl
 def test_dgl_folder_without_single_bin(tmp_path: Path, make_dgl_bin: Callable[..., Path]) -> None:
     with pytest.raises(DatasetError, match=r"data_dir: expected exactly one \.bin file in the folder, found none"):
         load_dataset("dgl", tmp_path)
@@ -255,6 +257,7 @@ def test_dgl_not_importable_names_the_extra(tmp_path: Path, monkeypatch: pytest.
     assert isinstance(info.value, ImportError) and "\n" not in str(info.value)
 
 
+@pytest.mark.dgl
 def test_dgl_unreadable_file(tmp_path: Path) -> None:
     import_dgl_or_skip()
     (tmp_path / "g.bin").write_bytes(b"not a graph")

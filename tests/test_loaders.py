@@ -150,6 +150,7 @@ def test_ogb_nan_labels_are_unlabeled(tmp_path: Path, make_ogb_layout: Callable[
     assert ds.num_edges == 6  # directed: each edge stored once
 
 
+@pytest.mark.dgl
 def test_dgl_binary_folder_and_2d_masks(tmp_path: Path, make_dgl_bin: Callable[..., Path],
                                         tiny: dict[str, np.ndarray]) -> None:
     make_dgl_bin(tmp_path / "ring.bin")

@@ -125,3 +125,39 @@ def test_a_dgl_file_without_dgl_is_a_one_line_error(no_dgl_env, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "g.bin: dgl: " in lines[0] and "pip install 'gnnscale[dgl]'" in lines[0]
+
+
+UNMARKED_MODULE = '''
+from conftest import import_dgl_or_skip
+dgl = import_dgl_or_skip()
+def test_never_collected():
+    pass
+'''
+
+ITEMS = '''
+import pytest
+from conftest import import_dgl_or_skip
+def test_unmarked():
+    import_dgl_or_skip()
+@pytest.mark.dgl
+def test_marked():
+    import_dgl_or_skip()
+'''
+
+
+def test_a_test_that_needs_dgl_must_be_marked(no_dgl_env, tmp_path):
+    """scripts/dev.sh test-dgl selects ``-m dgl``: an unmarked test needing dgl fails instead of skipping unseen."""
+    (tmp_path / "test_unmarked_module.py").write_text(UNMARKED_MODULE)
+    (tmp_path / "test_items.py").write_text(ITEMS)
+    no_dgl_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), no_dgl_env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-rfEs", "-p", "no:cacheprovider",
+                           "--continue-on-collection-errors", "--rootdir", str(tmp_path), "-c", os.devnull, "-o",
+                           "markers=dgl: needs dgl", str(tmp_path)],
+                          cwd=tmp_path, env=no_dgl_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "1 failed, 1 skipped" in proc.stdout and "1 error" in proc.stdout, proc.stdout[-3000:]
+    not_marked = "skips where dgl is absent but is not marked dgl"
+    assert "FAILED test_items.py::test_unmarked" in proc.stdout
+    assert f"test_items.py::test_unmarked {not_marked}" in proc.stdout
+    assert f"RuntimeError: test_unmarked_module: {not_marked}" in proc.stdout
+    assert "SKIPPED" in proc.stdout and "needs dgl, the optional [dgl] extra" in proc.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import read_strict_json
+from conftest import import_dgl_or_skip, read_strict_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTHETIC = ["--dataset", "synthetic", "--num-nodes", "2000", "--avg-degree", "6", "--feat-dim", "4"]
@@ -78,8 +78,9 @@ def test_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert "wall time, s" in proc.stdout
 
 
+@pytest.mark.dgl
 def test_benchmark_against_dgl_runs_end_to_end(tmp_path: Path) -> None:
-    pytest.importorskip("dgl")
+    import_dgl_or_skip()
     report_path = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_partition.py"), "--num-nodes", "5000",
                            "--feat-dim", "4", "--repeats", "1", "--out", str(report_path)],

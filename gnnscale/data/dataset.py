@@ -51,6 +51,8 @@ class GraphDataset:
     """Number of label classes."""
     metric: Metric = "accuracy"
     """``"accuracy"``, or ``"roc_auc"`` for binary imbalanced tasks."""
+    edge_features: np.ndarray | None = None
+    """float32 [num_edges, D] or None: the features of edge ``i`` of ``indices`` (CSC order)."""
     source: str = "<memory>"
     """Where the data came from (a path); named in error messages."""
     extra: dict = field(default_factory=dict)
@@ -116,6 +118,9 @@ class GraphDataset:
             raise fail(src, "edges", f"node id {bad} is out of range [0, {n})",
                        "check the edge list against the number of nodes (ids must be 0-based)")
         check_features(self.features, n, src)
+        if self.edge_features is not None:
+            self.edge_features = check_features(np.asarray(self.edge_features), self.indices.shape[0], src,
+                                                "edge_features")
         if self.num_classes < 1:
             raise fail(src, "labels", f"num_classes must be >= 1, got {self.num_classes}", "check the label file")
         if self.metric == "multilabel_roc_auc":
@@ -142,19 +147,21 @@ class GraphDataset:
                 f"metric={self.metric!r})")
 
 
-def check_features(features: np.ndarray, num_nodes: int, source: str) -> np.ndarray:
-    """Return ``features`` as float32 [num_nodes, F], or raise naming the bad shape, dtype or first NaN row."""
+def check_features(features: np.ndarray, num_nodes: int, source: str, name: str = "features") -> np.ndarray:
+    """Return ``features`` as float32 [num_nodes, F], or raise naming the bad shape, dtype or first NaN row
+    (``name="edge_features"``: one row per edge)."""
     if features.ndim != 2 or features.shape[0] != num_nodes:
-        raise fail(source, "features", f"expected shape [{num_nodes}, num_features], got {list(features.shape)}",
-                   "give one feature row per node, in node-id order")
+        what = "edge" if name == "edge_features" else "node"
+        raise fail(source, name, f"expected shape [{num_nodes}, num_features], got {list(features.shape)}",
+                   f"give one feature row per {what}, in {'CSC edge' if what == 'edge' else 'node-id'} order")
     if not (np.issubdtype(features.dtype, np.floating) or np.issubdtype(features.dtype, np.integer)
             or features.dtype == np.bool_):
-        raise fail(source, "features", f"expected numbers, got dtype {features.dtype}", "store features as floats")
+        raise fail(source, name, f"expected numbers, got dtype {features.dtype}", "store features as floats")
     features = features.astype(np.float32, copy=False)
     finite = np.isfinite(features)
     if not finite.all():
         row = int(np.flatnonzero(~finite.all(axis=1))[0])
-        raise fail(source, "features", f"non-finite value (NaN or inf) in row {row}",
+        raise fail(source, name, f"non-finite value (NaN or inf) in row {row}",
                    "clean or impute the features before loading")
     return features
 
@@ -204,6 +211,10 @@ def _as_split_masks(mask: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.atleast_2d(mask).astype(bool, copy=False))  # [N] is one split
 
 
+MAX_KEYED_NODES = 3_037_000_499
+"""The most nodes whose edge keys ``dst * num_nodes + src`` fit int64 (``floor(sqrt(2**63 - 1))``)."""
+
+
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,
                    remove_self_loops: bool = True, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Build CSC ``(indptr, indices)`` from COO edges, vectorised.
@@ -213,7 +224,13 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
         symmetrize: also add every reverse edge (for undirected data stored once).
         remove_self_loops: drop ``v -> v`` edges (layers add self terms explicitly).
         dedup: drop repeated edges.
+
+    Raises:
+        ValueError: ``num_nodes`` above :data:`MAX_KEYED_NODES`, where the sort key overflows int64.
     """
+    if num_nodes > MAX_KEYED_NODES:
+        raise ValueError(f"num_nodes={num_nodes:,} is too many for one int64 edge key (dst * num_nodes + src): at "
+                         f"most {MAX_KEYED_NODES:,} nodes; relabel the ids compactly (0..n-1 over the nodes in use)")
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if remove_self_loops:

@@ -21,7 +21,8 @@ from gnnscale.data.loaders import edges_to_csc, require_file
 
 _NDATA_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
 _INSTALL_FIX = ("install the extra, on Python 3.11: pip install 'gnnscale[dgl]' 'torch==2.2.1' 'numpy<2' "
-                "(dgl 2.1.0 imports only with torch<=2.2.1; scripts/dev.sh installs exactly that)")
+                "(dgl 2.1.0 imports only with torch<=2.2.1; scripts/dev.sh test-dgl installs exactly that in "
+                ".venv-dgl)")
 _SAVE_FIX = ("write the graph with dgl.save_graphs(path, [g]) after setting g.ndata['feat'], 'label', "
              "'train_mask', 'val_mask' and 'test_mask'")
 

@@ -137,8 +137,24 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
             value = value.item() if isinstance(value, np.generic) else value  # numpy 2 reprs np.float64(2.5)
             raise fail(str(path), "edges", f"edge {row} has a missing or non-integer node id {value!r}",
                        "write one 'src dst' pair of integer node ids per line")
+    _check_int64(frame, path)
     edges = frame.to_numpy(dtype=np.int64)
     return edges[:, 0], edges[:, 1]
+
+
+def _check_int64(frame: pd.DataFrame, path: Path) -> None:
+    """Refuse an id of 2**63 or more, which int64 cannot hold (it would raise OverflowError, or wrap around
+    to a negative id, on the conversion); columns pandas read as int64 are in range by construction."""
+    for column in frame.columns:
+        if frame[column].dtype == np.int64:
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64)
+        beyond = np.flatnonzero(values >= 2.0 ** 63)
+        if beyond.size:
+            row = int(beyond[0])
+            raise fail(str(path), "edges", f"edge {row} has node id {frame[column].iloc[row]}, beyond the largest "
+                       f"id int64 holds ({beyond.size} such edges)", "node ids must be 0-based and smaller than "
+                       "the number of nodes (the length of the labels)")
 
 
 def _first_data_line(path: Path) -> str | None:

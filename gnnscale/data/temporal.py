@@ -36,6 +36,12 @@ _JODIE_FIX = ("write the JODIE/TGN layout: a header u,i,ts,label[,f0,f1,...] and
               "(user id, item id offset past the user ids, time, label, edge features)")
 _SNAP_FIX = "write one event 'src dst unixtime' per line, whitespace separated, no header ('#' starts a comment)"
 _NPZ_KEYS = ("src", "dst", "t", "edge_features", "labels", "num_nodes", "orig_ids")
+DENSE_ID_LIMIT = 1 << 16
+"""Node ids are used as they are up to ``max(2 * events, DENSE_ID_LIMIT)`` nodes; beyond, the loaders
+relabel them compactly (:func:`compact_ids`).  Below the limit the arrays sized by node count are small
+(65,536 memory rows of 100 floats: 26 MB) whatever the stream."""
+_FLOAT_EXACT = 1 << 53
+"""float64 holds every integer up to 2**53; larger ids parsed as floats could merge with a neighbour."""
 
 
 @dataclass(kw_only=True)
@@ -167,9 +173,11 @@ def load_jodie_csv(path: str | Path, *, name: str | None = None) -> TemporalEven
     data = _read_table(path, source, delimiter=",", comment=None, header=True, num_fields=expected, min_fields=4,
                        fix=_JODIE_FIX)
     features = data[:, 4:] if data.shape[1] > 4 else None
-    return _build_events(data[:, 0], data[:, 1], data[:, 2], labels=data[:, 3], edge_features=features,
-                         num_nodes=None, source=source, rows=_Rows(path, header=True, comment=None),
-                         columns=("u", "i", "ts"), name=name or path.stem)
+    rows = _Rows(path, header=True, comment=None)
+    src, dst = _exact_ids(data, path, source, rows, delimiter=",", comment=None, header=True, columns=("u", "i"),
+                          fix=_JODIE_FIX)
+    return _build_events(src, dst, data[:, 2], labels=data[:, 3], edge_features=features, num_nodes=None,
+                         source=source, rows=rows, columns=("u", "i", "ts"), name=name or path.stem)
 
 
 def load_snap_temporal(path: str | Path, *, name: str | None = None) -> TemporalEvents:
@@ -184,12 +192,11 @@ def load_snap_temporal(path: str | Path, *, name: str | None = None) -> Temporal
     data = _read_table(path, source, delimiter=None, comment="#", header=False, num_fields=3, min_fields=3,
                        fix=_SNAP_FIX)
     rows = _Rows(path, header=False, comment="#")
-    events = _build_events(data[:, 0], data[:, 1], data[:, 2], labels=None, edge_features=None, num_nodes=None,
-                           source=source, rows=rows, columns=("src", "dst", "t"), name=name or path.stem)
-    orig_ids, dense = np.unique(np.concatenate([events.src, events.dst]), return_inverse=True)
-    num_events = events.num_events
-    return replace(events, src=dense[:num_events].astype(np.int64), dst=dense[num_events:].astype(np.int64),
-                   t=events.t - events.t[0], num_nodes=int(orig_ids.shape[0]), orig_ids=orig_ids.astype(np.int64))
+    src, dst = _exact_ids(data, path, source, rows, delimiter=None, comment="#", header=False,
+                          columns=("src", "dst"), fix=_SNAP_FIX)
+    events = _build_events(src, dst, data[:, 2], labels=None, edge_features=None, num_nodes=None, source=source,
+                           rows=rows, columns=("src", "dst", "t"), name=name or path.stem, relabel=True)
+    return replace(events, t=events.t - events.t[0])
 
 
 def load_temporal_npz(path: str | Path, *, name: str | None = None) -> TemporalEvents:
@@ -237,16 +244,9 @@ def load_temporal_npz(path: str | Path, *, name: str | None = None) -> TemporalE
     for key in ("src", "dst", "t", "labels", "edge_features"):
         if key in arrays and not (np.issubdtype(arrays[key].dtype, np.number) or arrays[key].dtype == np.bool_):
             raise fail(source, key, f"expected numbers, got dtype {arrays[key].dtype}", "store numeric arrays")
-    events = _build_events(arrays["src"], arrays["dst"], arrays["t"], labels=arrays.get("labels"),
-                           edge_features=features, num_nodes=num_nodes, source=source, rows=_Rows(None),
-                           columns=("src", "dst", "t"), name=name or path.stem)
-    if "orig_ids" in arrays:
-        orig_ids = arrays["orig_ids"]
-        if orig_ids.shape != (events.num_nodes,) or not np.issubdtype(orig_ids.dtype, np.integer):
-            raise fail(source, "orig_ids", f"expected integers of shape [{events.num_nodes}], got "
-                       f"{orig_ids.dtype} {list(orig_ids.shape)}", "store one original id per node, or leave it out")
-        events = replace(events, orig_ids=orig_ids.astype(np.int64))
-    return events
+    return _build_events(arrays["src"], arrays["dst"], arrays["t"], labels=arrays.get("labels"),
+                         edge_features=features, num_nodes=num_nodes, source=source, rows=_Rows(None),
+                         columns=("src", "dst", "t"), name=name or path.stem, orig_ids=arrays.get("orig_ids"))
 
 
 # ---------------------------------------------------------------------- TGN split
@@ -316,19 +316,22 @@ def chronological_split(events: TemporalEvents, val_fraction: float = 0.15, test
     val_time, test_time = (float(q) for q in np.quantile(t, [1.0 - (val_fraction + test_fraction),
                                                                 1.0 - test_fraction]))
     later = t > val_time
-    all_nodes = np.unique(np.concatenate([src, dst]))
+    # Per-node flags over the distinct nodes of the stream (O(E)), not over ids up to num_nodes.
+    all_nodes, position = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    position = position.reshape(-1)
+    src_at, dst_at = position[:src.shape[0]], position[src.shape[0]:]
     candidates = np.unique(np.concatenate([src[later], dst[later]]))
     num_new = min(int(new_node_fraction * all_nodes.shape[0]), int(candidates.shape[0]))
     new_nodes = np.sort(np.random.default_rng(seed).choice(candidates, size=num_new, replace=False)).astype(np.int64)
 
-    is_new = np.zeros(events.num_nodes, dtype=bool)
-    is_new[new_nodes] = True
-    train = ~later & ~is_new[src] & ~is_new[dst]
-    in_train = np.zeros(events.num_nodes, dtype=bool)
-    in_train[src[train]] = True
-    in_train[dst[train]] = True
+    is_new = np.zeros(all_nodes.shape[0], dtype=bool)
+    is_new[np.searchsorted(all_nodes, new_nodes)] = True
+    train = ~later & ~is_new[src_at] & ~is_new[dst_at]
+    in_train = np.zeros(all_nodes.shape[0], dtype=bool)
+    in_train[src_at[train]] = True
+    in_train[dst_at[train]] = True
     assert not (in_train & is_new).any(), "a held-out node touches a training event"
-    unseen = ~in_train[src] | ~in_train[dst]
+    unseen = ~in_train[src_at] | ~in_train[dst_at]
     val = later & (t <= test_time)
     test = t > test_time
     empty = [name for name, mask in (("training", train), ("validation", val), ("test", test)) if not mask.any()]
@@ -404,8 +407,14 @@ def _read_table(path: Path, source: str, *, delimiter: str | None, comment: str 
 
 def _build_events(src: np.ndarray, dst: np.ndarray, t: np.ndarray, *, labels: np.ndarray | None,
                   edge_features: np.ndarray | None, num_nodes: int | None, source: str, rows: _Rows,
-                  columns: tuple[str, str, str], name: str) -> TemporalEvents:
-    """Check ids, times, labels and features of raw columns; build the events (``num_nodes`` default max id + 1)."""
+                  columns: tuple[str, str, str], name: str, orig_ids: np.ndarray | None = None,
+                  relabel: bool = False) -> TemporalEvents:
+    """Check ids, times, labels and features of raw columns; build the events (``num_nodes`` default max id + 1).
+
+    The ids are relabelled compactly (:func:`compact_ids`, ``orig_ids`` keeping the file's) when ``relabel``
+    is set, or when ``num_nodes`` exceeds both ``2 * E`` (the most ids E events can use) and
+    :data:`DENSE_ID_LIMIT`: every array the trainer sizes by node count then stays O(E).
+    """
     src = _check_ids(src, columns[0], source, rows)
     dst = _check_ids(dst, columns[1], source, rows)
     t = np.asarray(t, dtype=np.float64)
@@ -430,23 +439,83 @@ def _build_events(src: np.ndarray, dst: np.ndarray, t: np.ndarray, *, labels: np
         k = int(np.flatnonzero((src >= num_nodes) | (dst >= num_nodes))[0])
         raise fail(source, "num_nodes", f"{rows(k)} ({src[k]} -> {dst[k]}) has a node id outside [0, {num_nodes})",
                    f"store num_nodes >= max id + 1 = {max_id + 1}, or leave num_nodes out")
+    if orig_ids is not None and (orig_ids.shape != (num_nodes,) or not np.issubdtype(orig_ids.dtype, np.integer)):
+        raise fail(source, "orig_ids", f"expected integers of shape [{num_nodes}], got {orig_ids.dtype} "
+                   f"{list(orig_ids.shape)}", "store one original id per node, or leave it out")
     if labels is not None:
         labels = _check_finite(labels, "labels", source, rows).astype(np.float32)
     if edge_features is not None:
         edge_features = _check_finite(edge_features, "edge_features", source, rows).astype(np.float32)
+    if relabel or num_nodes > max(2 * src.shape[0], DENSE_ID_LIMIT):
+        src, dst, orig_ids, num_nodes = compact_ids(src, dst, orig_ids)
     return TemporalEvents(src=src, dst=dst, t=t, edge_features=edge_features, labels=labels, num_nodes=num_nodes,
-                          name=name)
+                          name=name, orig_ids=None if orig_ids is None else orig_ids.astype(np.int64))
+
+
+def compact_ids(src: np.ndarray, dst: np.ndarray,
+                orig_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Relabel the node ids of ``src``/``dst`` (int64 [E]) to ``0..n-1`` in increasing order of id, in
+    O(E log E) time and O(E) memory whatever the ids' values.
+
+    Args:
+        orig_ids: int [N], the original id of each current id, to compose with (None: the ids are original).
+
+    Returns:
+        ``(src, dst, orig_ids, n)``: the new ids (int64 [E] each), int64 [n] the original id of each new
+        one, and n, the number of distinct ids.
+    """
+    num_events = src.shape[0]
+    distinct, dense = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    dense = dense.reshape(-1).astype(np.int64)
+    original = distinct if orig_ids is None else np.asarray(orig_ids)[distinct]
+    return dense[:num_events], dense[num_events:], original.astype(np.int64), int(distinct.shape[0])
+
+
+def _exact_ids(data: np.ndarray, path: Path, source: str, rows: Callable[[int], str], *, delimiter: str | None,
+               comment: str | None, header: bool, columns: tuple[str, str], fix: str) -> tuple[np.ndarray, np.ndarray]:
+    """The id columns of a text file: ``data``'s first two (float64 [E], as np.loadtxt parsed them), or, where
+    an id reaches 2**53 and float64 may have merged it with a neighbour, both columns re-read as int64.
+
+    Raises:
+        DatasetError: an id of 2**53 or more that is not a plain integer below 2**63 (the most int64 holds).
+    """
+    ids = data[:, :2]
+    large = np.abs(ids) >= _FLOAT_EXACT  # NaN compares False: reported later as a non-integer id
+    if not large.any():
+        return data[:, 0], data[:, 1]
+    try:
+        # Python's int() per field: numpy's own integer parser falls back to float (and wraps) past int64.
+        exact = np.loadtxt(path, dtype=np.int64, delimiter=delimiter, comments=comment, usecols=(0, 1),
+                           converters=int, skiprows=1 if header else 0, ndmin=2, encoding="utf-8-sig")
+    except (ValueError, OverflowError):
+        event, column = (int(i) for i in np.argwhere(large)[np.argmax(np.abs(ids[large]))])
+        line = next(content for k, (_, content) in enumerate(_data_lines(path, header, comment)) if k == event)
+        written = line.split(delimiter)[column].strip()
+        raise fail(source, columns[column], f"{rows(event)} has node id {written}, at or beyond "
+                   f"2**53: a file with such ids must write every id as plain integer digits below 2**63 (int64), "
+                   f"which are read exactly", "write the ids as integers below 9223372036854775808, or relabel "
+                   "them") from None
+    return exact[:, 0], exact[:, 1]
 
 
 def _check_ids(ids: np.ndarray, column: str, source: str, rows: Callable[[int], str]) -> np.ndarray:
-    """int64 [E] node ids; whole-number floats ("3.0") are accepted, anything else names the first bad event."""
+    """int64 [E] node ids; whole-number floats ("3.0") below 2**53 are accepted, anything else names the first
+    bad event."""
     if np.issubdtype(ids.dtype, np.floating):
         bad = np.flatnonzero(~(np.isfinite(ids) & (ids == np.round(ids))))
         if bad.size:
             raise fail(source, column, f"{rows(int(bad[0]))} has a non-integer node id {_show(ids[bad[0]])}",
                        "node ids must be whole numbers >= 0")
+        bad = np.flatnonzero(np.abs(ids) >= _FLOAT_EXACT)
+        if bad.size:
+            raise fail(source, column, f"{rows(int(bad[0]))} has node id {_show(ids[bad[0]])} stored as a float at "
+                       f"or beyond 2**53, where floats skip integers", "store node ids as int64")
     elif not np.issubdtype(ids.dtype, np.integer):
         raise fail(source, column, f"expected integer node ids, got dtype {ids.dtype}", "store node ids as integers")
+    elif ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        event = int(np.argmax(ids > np.iinfo(np.int64).max))
+        raise fail(source, column, f"{rows(event)} has node id {int(ids[event])}, beyond 2**63 - 1 (int64)",
+                   "relabel the ids below 2**63")
     bad = np.flatnonzero(ids < 0)
     if bad.size:
         raise fail(source, column, f"{rows(int(bad[0]))} has a negative node id {_show(ids[bad[0]])}",

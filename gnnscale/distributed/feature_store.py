@@ -35,7 +35,7 @@ import psutil
 import torch
 from torch import Tensor
 
-from gnnscale.batch import Block, MiniBatch
+from gnnscale.batch import MiniBatch
 from gnnscale.distributed import wire
 from gnnscale.distributed.comm import Exchanger, split_by_owner
 from gnnscale.pipeline.native import gather_rows
@@ -285,9 +285,9 @@ class DistTable:
         position = torch.empty_like(order)
         position[order] = torch.arange(num_src)
         torch.index_select(x[num_dst:], 0, position[:num_dst], out=x[:num_dst])
-        renumbered = Block(indptr=first.indptr, indices=position.index_select(0, first.indices) + num_dst,
-                           src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]),
-                           num_dst=num_dst, edge_weight=first.edge_weight)
+        # Only the numbering changes: edge weights, ids and features stay with their edges.
+        renumbered = dataclasses.replace(first, indices=position.index_select(0, first.indices) + num_dst,
+                                         src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]))
         # replace() keeps the batch's own type and fields (a LinkMiniBatch keeps its pairs).
         return dataclasses.replace(batch, blocks=[renumbered, *batch.blocks[1:]]), x
 

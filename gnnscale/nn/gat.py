@@ -11,7 +11,8 @@ from gnnscale.nn.ops import gather_sum, segment_softmax
 
 
 class GATConv(nn.Module):
-    """``h_v'^k = sum_{u in N(v)} softmax_u(LeakyReLU(a_l^k . W^k h_u + a_r^k . W^k h_v)) W^k h_u + b^k``.
+    """``h_v'^k = sum_{u in N(v)} softmax_u(LeakyReLU(a_l^k . W^k h_u + a_r^k . W^k h_v [+ a_e^k . W_e^k e_uv]))
+    W^k h_u + b^k``; the edge term with ``edge_dim`` > 0 (``block.edge_attr`` float [num_edges, edge_dim]).
 
     Returns float [num_dst, num_heads, out_dim]; the model concatenates or averages heads.
     Parameter layout matches ``dgl.nn.GATConv``: ``fc`` (no bias), ``attn_l``, ``attn_r``
@@ -20,10 +21,13 @@ class GATConv(nn.Module):
     """
 
     def __init__(self, in_dim: int, out_dim: int, num_heads: int, *, attn_dropout: float = 0.0,
-                 negative_slope: float = 0.2) -> None:
+                 negative_slope: float = 0.2, edge_dim: int = 0) -> None:
         super().__init__()
-        self.in_dim, self.out_dim, self.num_heads = in_dim, out_dim, num_heads
+        self.in_dim, self.out_dim, self.num_heads, self.edge_dim = in_dim, out_dim, num_heads, edge_dim
         self.fc = nn.Linear(in_dim, out_dim * num_heads, bias=False)
+        # Edge features join the attention score (as in PyG's GATConv(edge_dim=...)): a_e^k . W_e^k e_uv.
+        self.fc_edge = nn.Linear(edge_dim, out_dim * num_heads, bias=False) if edge_dim else None
+        self.attn_e = nn.Parameter(torch.empty(1, num_heads, out_dim)) if edge_dim else None
         self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_dim))
         self.attn_r = nn.Parameter(torch.empty(1, num_heads, out_dim))
         self.bias = nn.Parameter(torch.zeros(num_heads * out_dim))
@@ -36,6 +40,9 @@ class GATConv(nn.Module):
         nn.init.xavier_normal_(self.fc.weight, gain=gain)
         nn.init.xavier_normal_(self.attn_l, gain=gain)
         nn.init.xavier_normal_(self.attn_r, gain=gain)
+        if self.fc_edge is not None:
+            nn.init.xavier_normal_(self.fc_edge.weight, gain=gain)
+            nn.init.xavier_normal_(self.attn_e, gain=gain)
         nn.init.zeros_(self.bias)
 
     def forward(self, block: Block, x: Tensor) -> Tensor:
@@ -44,7 +51,14 @@ class GATConv(nn.Module):
         score_src = (h * self.attn_l).sum(-1)  # [num_src, heads]
         score_dst = (h[: block.num_dst] * self.attn_r).sum(-1)  # [num_dst, heads]
         dst = block.dst_index()
-        scores = F.leaky_relu(score_src[block.indices] + score_dst[dst], self.negative_slope)
+        scores = score_src[block.indices] + score_dst[dst]
+        if self.fc_edge is not None:
+            if block.edge_attr is None:
+                raise ValueError("this GATConv has edge_dim set but the block carries no edge features: load "
+                                 "batches with edge_features=True")
+            edge = self.fc_edge(block.edge_attr).view(-1, self.num_heads, self.out_dim)
+            scores = scores + (edge * self.attn_e).sum(-1)
+        scores = F.leaky_relu(scores, self.negative_slope)
         alpha = self.attn_dropout(segment_softmax(block, scores, dst))
         return gather_sum(block, h, alpha, dst) + self.bias.view(1, self.num_heads, self.out_dim)
 

@@ -36,6 +36,8 @@ class ModelConfig:
     """GAT: attention heads in the output layer, averaged."""
     attn_dropout: float = 0.6
     """GAT: dropout on attention coefficients."""
+    edge_features: bool = False
+    """GAT: use the graph's edge features in the attention scores (``GATConv(edge_dim=...)``)."""
     residual: bool = False
     """Residual pre-LayerNorm blocks (Platonov et al. 2023): a linear input projection to
     ``hidden``, then per layer ``h_v <- h_v + Dropout(act(conv(LayerNorm(h))))_v``, then
@@ -51,6 +53,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if self.edge_features and self.model != "gat":
+            raise ValueError(f"edge_features are used by the gat model only, got model {self.model!r}")
         if self.heads < 1 or self.out_heads < 1:
             raise ValueError(f"heads and out_heads must be >= 1, got {self.heads} and {self.out_heads}")
 
@@ -62,8 +66,10 @@ class GNN(nn.Module):
     layer-wise full-neighbour inference.
     """
 
-    def __init__(self, config: ModelConfig, in_dim: int, out_dim: int) -> None:
+    def __init__(self, config: ModelConfig, in_dim: int, out_dim: int, edge_dim: int = 0) -> None:
         super().__init__()
+        if config.edge_features and edge_dim < 1:
+            raise ValueError("ModelConfig(edge_features=True) needs the edge feature width: pass edge_dim > 0")
         self.config = config
         self.convs = nn.ModuleList()
         self.norms = nn.ModuleList()
@@ -84,7 +90,8 @@ class GNN(nn.Module):
                 self.convs.append(GCNConv(width_in, width_out))
             else:
                 heads = config.out_heads if last else config.heads
-                self.convs.append(GATConv(width_in, width_out, heads, attn_dropout=config.attn_dropout))
+                self.convs.append(GATConv(width_in, width_out, heads, attn_dropout=config.attn_dropout,
+                                          edge_dim=edge_dim if config.edge_features else 0))
         self.dropout = nn.Dropout(config.dropout)
         self.input_dropout = nn.Dropout(config.input_dropout)
 

@@ -122,5 +122,6 @@ def _tensors(item: DeviceBatch) -> Iterator[Tensor]:
         yield block.indptr
         yield block.indices
         yield block.src_ids
-        if block.edge_weight is not None:
-            yield block.edge_weight
+        for extra in (block.edge_weight, block.edge_ids, block.edge_attr):
+            if extra is not None:
+                yield extra

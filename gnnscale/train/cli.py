@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--heads", type=int, default=8, help="gat: heads in hidden layers")
     model.add_argument("--out-heads", type=int, default=1, help="gat: heads in the output layer (averaged)")
     model.add_argument("--attn-dropout", type=float, default=0.6, help="gat: dropout on attention weights")
+    model.add_argument("--edge-features", action="store_true", help="gat: use the dataset's edge features in the "
+                       "attention scores (every sampled edge carries its features)")
     add_section(parser, "optimisation", lr=0.01)
     loader = parser.add_argument_group("loader")
     loader.add_argument("--batch-size", type=int, default=1024, help="seed nodes per step and rank (with K ranks "
@@ -215,7 +217,7 @@ def build_configs(args: argparse.Namespace):
     model_config = ModelConfig(model=args.model, num_layers=args.num_layers, hidden=args.hidden,
                                dropout=args.dropout, input_dropout=args.input_dropout, heads=args.heads,
                                out_heads=args.out_heads, attn_dropout=args.attn_dropout,
-                               residual=args.residual)
+                               residual=args.residual, edge_features=args.edge_features)
     # GCN needs Kipf weights from full-graph degrees, GAT attends to the node itself too.
     sampler_config = SamplerConfig(fanouts=fanouts, gcn_norm=args.model == "gcn", self_loops=args.model != "sage")
     train_config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

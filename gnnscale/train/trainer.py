@@ -23,6 +23,7 @@ rank batches are prepared by at most one worker thread (in batch order).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -178,8 +179,11 @@ class Trainer:
         self.runtime, self.rank, self.world_size, self.device = (self.world.runtime, self.world.rank,
                                                                  self.world.size, self.world.device)
         self.out, self.metric, self.show_progress = out, graph.metric, show_progress and self.rank == 0
-        self.sampler_config, self.exchanger = sampler_config, self.world.exchanger
+        self.exchanger = self.world.exchanger
         self.module = self._build_model(model, model_config)
+        if model_config is not None and model is None and model_config.edge_features:
+            sampler_config = dataclasses.replace(sampler_config, edge_ids=True)  # the caller's stays as it is
+        self.sampler_config = sampler_config
         if len(sampler_config.fanouts) != self.module.num_layers:
             raise ValueError(f"got {len(sampler_config.fanouts)} fanouts for {self.module.num_layers} layers; give "
                              f"one fanout per layer, e.g. fanouts={','.join(['10'] * self.module.num_layers)}")
@@ -188,7 +192,8 @@ class Trainer:
                                  batch_size=config.batch_size, seed=config.seed, self_loops=sampler_config.self_loops,
                                  gcn_norm=sampler_config.gcn_norm, replace=sampler_config.replace,
                                  num_workers=config.num_workers, prefetch=config.prefetch, cache=cache_config,
-                                 rank_capacity=config.rank_capacity, features_on_device=config.features_on_device)
+                                 rank_capacity=config.rank_capacity, features_on_device=config.features_on_device,
+                                 edge_features=sampler_config.edge_ids)
         self.steps, self.step_seeds, self.shares = self.loader.steps, self.loader.step_sizes, self.loader.shares
         self.loss = loss or default_loss(graph.metric)
         self._wrap_for_gradient_sums()
@@ -213,9 +218,13 @@ class Trainer:
             return model.to(self.device)
         if model_config is None:
             raise ValueError("give the Trainer a model, or a model_config for the built-in GNN")
+        edges = self.graph.edge_features
+        if model_config.edge_features and edges is None:
+            raise ValueError("edge_features=True needs a graph with edge features; this dataset has none")
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank, the global RNG untouched
             torch.manual_seed(self.config.seed)
-            return GNN(model_config, self.graph.feature_dim, self.graph.num_classes).to(self.device)
+            return GNN(model_config, self.graph.feature_dim, self.graph.num_classes,
+                       edges.row_shape[0] if model_config.edge_features else 0).to(self.device)
 
     def _check_split(self) -> None:
         graph = self.graph
@@ -350,7 +359,8 @@ class Trainer:
         """The model's outputs for every owned node (:func:`gnnscale.layerwise_inference`)."""
         config = self.sampler_config
         return layerwise_inference(self.graph, self.module, batch_size=self.config.eval_batch_size,
-                                   self_loops=config.self_loops, gcn_norm=config.gcn_norm, device=self.device)
+                                   self_loops=config.self_loops, gcn_norm=config.gcn_norm,
+                                   edge_features=config.edge_ids, device=self.device)
 
     def evaluate(self) -> tuple[float, float]:
         """``(val, test)`` over the val/test nodes of every rank (each rank returns the same)."""

@@ -144,7 +144,9 @@ class ClusterSpec:
         machines: K, the namespaces (each one torchrun agent).
         rate: every machine's egress rate, a tc rate (``10gbit``, ``1gbit``, ``100mbit``); ``None`` = unshaped.
         cores_per_machine: host cores pinned to each machine, machine i taking cores ``[i*c, (i+1)*c)``
-            (modulo the host's cores: machines share cores when there are more than the host has).
+            modulo the host's cores.  The machines together may not want more cores than the host has
+            (:meth:`cores_wanted`): machines sharing a core would not run at the speed they emulate.  Only
+            slow machines, each held to a share of its cores, share them.
         nproc_per_machine: ranks per machine (``--nproc-per-node``).
         slow_machines: machines made slow: a CPU quota of ``slow_factor`` of their cores (a cgroup), or
             where no cgroup CPU controller is writable, a busy process sharing their cores.
@@ -168,6 +170,22 @@ class ClusterSpec:
         bad = [m for m in self.slow_machines if not 0 <= m < self.machines]
         if bad:
             raise ValueError(f"slow machine {bad[0]} does not exist: machines are 0..{self.machines - 1}")
+        host = os.cpu_count() or 1
+        if self.cores_wanted() > host + 1e-9:
+            fit = host // self.machines
+            fix = f"use --cores-per-machine {fit} or fewer" if fit else f"use --machines {host} or fewer"
+            slow = f" ({len(set(self.slow_machines))} slow at {self.slow_factor:g} of theirs)" if self.slow_machines \
+                else ""
+            raise ValueError(f"--cores-per-machine {self.cores_per_machine} x --machines {self.machines}{slow} wants "
+                             f"{self.cores_wanted():g} cores, but this host has {host}: machines pinned to shared cores "
+                             f"would not run at the speed they emulate; {fix}, or make machines slow "
+                             f"(--slow-machines) to give each a share of a core")
+
+    def cores_wanted(self) -> float:
+        """Host cores the machines are promised: ``cores_per_machine`` each, a slow machine's scaled by
+        ``slow_factor`` (its CPU quota), so that e.g. 4 slow machines of half a core fit 2 cores."""
+        slow = len(set(self.slow_machines))
+        return self.cores_per_machine * (self.machines - slow + slow * self.slow_factor)
 
     def cores(self, machine: int) -> list[int]:
         total = os.cpu_count() or 1

@@ -1,0 +1,123 @@
+"""Edge features carried in blocks and used by GAT: sampled edges keep their global ids on 1..N ranks, and a
+graph whose labels only its edge features tell is learned with them and not without."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from distributed_helpers import partition_dataset, run_ranks
+
+
+def edge_signal_dataset() -> Any:
+    """Every node has a colour (its features: the colour's one-hot plus noise) and a label drawn independently
+    of it; its 8 in-neighbours hold 2 of each colour, and the one feature of an edge says (noisily) whether its
+    source's colour is the destination's label.  Nothing about a node's own features or its neighbours' mix of
+    colours tells its label; attending by the edge feature does."""
+    from gnnscale.data.dataset import GraphDataset, csc_from_edges
+
+    rng = np.random.default_rng(0)
+    n, classes = 1200, 4
+    colours, labels = np.arange(n) % classes, rng.integers(0, classes, n)
+    by_colour = [np.flatnonzero(colours == c) for c in range(classes)]
+    dst = np.repeat(np.arange(n), 2 * classes)
+    src = np.concatenate([rng.choice(by_colour[c], (n, 2)) for c in range(classes)], 1).reshape(-1)
+    indptr, indices = csc_from_edges(src, dst, n, dedup=False)
+    dst_sorted = np.repeat(np.arange(n), np.diff(indptr))
+    flagged = (colours[indices] == labels[dst_sorted]).astype(np.float32)
+    edge_features = (flagged + rng.normal(0, 0.2, flagged.shape))[:, None].astype(np.float32)
+    features = (np.eye(classes)[colours] + rng.normal(0, 0.3, (n, classes))).astype(np.float32)
+    masks = rng.random(n)
+    return GraphDataset(name="edge-signal", indptr=indptr, indices=indices, features=features, labels=labels,
+                        edge_features=edge_features, train_masks=masks < 0.6, val_masks=(masks >= 0.6) & (masks < 0.8),
+                        test_masks=masks >= 0.8, num_classes=classes)
+
+
+def train(rank: int, parts: str, use_edges: bool) -> float:
+    import gnnscale as gs
+    from gnnscale.train.trainer import TrainConfig
+    from samplers import SamplerConfig
+
+    with gs.init() as world:
+        graph = gs.open_graph(parts, world)
+        # One layer, no self-loops: a node sees only its neighbours, never its own features.
+        model = gs.ModelConfig(model="gat", num_layers=1, heads=4, out_heads=4, attn_dropout=0.0,
+                               edge_features=use_edges)
+        trainer = gs.Trainer(graph, model_config=model, sampler_config=SamplerConfig(fanouts=[-1]),
+                             config=TrainConfig(epochs=20, batch_size=128, lr=0.05, num_workers=0))
+        return trainer.fit().test
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gat_learns_from_edge_features(tmp_path: Path, ranks: int) -> None:
+    parts = partition_dataset(edge_signal_dataset(), tmp_path / "parts", ranks)
+    with_edges = run_ranks(train, ranks, str(parts), True, timeout=300.0)
+    without = run_ranks(train, ranks, str(parts), False, timeout=300.0)
+    # Chance is 0.25: only attention by the edge feature tells the class.
+    assert with_edges[0] == with_edges[-1] > 0.8 and without[0] < 0.5, (with_edges, without)
+
+
+def sample_ids(rank: int, parts: str, topology: str) -> list[Any]:
+    import gnnscale as gs
+    from gnnscale.sampling import CacheConfig
+
+    with gs.init() as world:
+        graph = gs.open_graph(parts, world)
+        loader = gs.NodeLoader(graph, graph.train_ids, fanouts=[3, 3], batch_size=64, self_loops=True,
+                                              edge_features=True, num_workers=0, cache=CacheConfig(topology=topology))
+        batch = next(iter(loader))
+        block = batch.blocks[0]
+        return [block.src_ids[block.indices].tolist(), block.dst_ids[block.dst_index()].tolist(),
+                block.edge_ids.tolist(), block.edge_attr.tolist()]
+
+
+@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+def test_sampled_edges_carry_their_own_features(tmp_path: Path, topology: str) -> None:
+    """Every sampled edge's id names an edge with its endpoints, and its features are that edge's."""
+    data = edge_signal_dataset()
+    parts = partition_dataset(data, tmp_path / "parts", 2)
+    from partition import load_partition
+
+    book = load_partition(parts, 0).book
+    src_orig, dst_orig = data.edges()
+    pairs = {}
+    for rank, (src, dst, ids, attr) in enumerate(run_ranks(sample_ids, 2, str(parts), topology, timeout=240.0)):
+        for u, v, edge, row in zip(src, dst, ids, attr):
+            if edge < 0:
+                assert u == v and row == [0.0]  # an added self-loop: no features
+                continue
+            pairs[(u, v)] = row
+    assert len(pairs) > 50
+    features: dict[tuple[int, int], list[float]] = {}  # a repeated edge has a row per copy
+    for i, (u, v) in enumerate(zip(src_orig, dst_orig)):
+        features.setdefault((int(book.orig2new[u]), int(book.orig2new[v])), []).append(float(data.edge_features[i, 0]))
+    for (u, v), row in pairs.items():
+        assert min(abs(row[0] - f) for f in features[(u, v)]) < 1e-6, (u, v, row, features[(u, v)])
+
+
+def test_edge_features_without_them_are_refused() -> None:
+    import gnnscale as gs
+
+    rng = np.random.default_rng(0)
+    graph = gs.Graph.from_arrays(rng.integers(0, 20, 60), rng.integers(0, 20, 60), features=rng.random((20, 3)),
+                                 labels=rng.integers(0, 2, 20), train_mask=np.ones(20, bool),
+                                 val_mask=np.ones(20, bool), test_mask=np.ones(20, bool))
+    with pytest.raises(ValueError, match="edge_features=True needs a graph with edge features"):
+        gs.NodeLoader(graph, fanouts=[2], edge_features=True)
+    with pytest.raises(ValueError, match="edge_features are used by the gat model only"):
+        gs.ModelConfig(model="sage", edge_features=True)
+    with_edges = gs.Graph.from_arrays(np.array([0, 1, 2, 2]), np.array([1, 2, 0, 2]), features=rng.random((3, 2)),
+                                      labels=np.array([0, 1, 0]), train_mask=np.ones(3, bool),
+                                      val_mask=np.ones(3, bool), test_mask=np.ones(3, bool),
+                                      edge_features=np.array([[1.0], [2.0], [3.0], [9.0]]))
+    # The self-loop 2 -> 2 is dropped with its row; each node's in-edge keeps its own.
+    assert with_edges.structure.indices.tolist() == [2, 0, 1]
+    assert with_edges.edge_features.rows.flatten().tolist() == [3.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match=r"edge_features must be \[num_edges, D\] = \[4, D\], got \[3, 1\]"):
+        gs.Graph.from_arrays(np.array([0, 1, 2, 2]), np.array([1, 2, 0, 2]), features=rng.random((3, 2)),
+                             labels=np.array([0, 1, 0]), train_mask=np.ones(3, bool), val_mask=np.ones(3, bool),
+                             test_mask=np.ones(3, bool), edge_features=np.ones((3, 1)))
