@@ -273,3 +273,17 @@ def test_decoder_errors():
         MLPDecoder(4, num_layers=0)
     with pytest.raises(ValueError, match="dim and hidden must be >= 1"):
         MLPDecoder(0)
+
+
+def test_exclusion_keeps_sampled_edge_ids_with_their_edges():
+    indptr, indices = ring_with_chords(60, seed=3)
+    sampler = NeighborSampler(indptr, indices, SamplerConfig(fanouts=[-1], edge_ids=True))
+    exclude = torch.tensor([[3, 4], [4, 3]])
+    block = sampler.sample(torch.tensor([3, 4, 20]), rng=np.random.default_rng(0), exclude=exclude).blocks[0]
+    assert block.edge_ids.numel() == block.num_edges
+    dst = np.repeat(np.arange(60), np.diff(indptr))
+    # Edge id i is the i-th stored in-edge: its endpoints must be the block's edge's endpoints.
+    src_ids, dst_ids = block.src_ids[block.indices], block.src_ids[block.dst_index()]
+    assert np.array_equal(indices[block.edge_ids.numpy()], src_ids.numpy())
+    assert np.array_equal(dst[block.edge_ids.numpy()], dst_ids.numpy())
+    assert not {(3, 4), (4, 3)} & set(zip(src_ids.tolist(), dst_ids.tolist()))
