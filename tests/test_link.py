@@ -176,8 +176,8 @@ def test_prefetch_loader_drives_link_batches_without_labels(num_workers):
         assert torch.equal(loaded.x, features[loaded.batch.input_ids])
     loader.epoch = 0
     again = list(loader)
-    assert all(torch.equal(a.batch.neg, b.batch.neg) and torch.equal(a.batch.blocks[0].indices, b.batch.blocks[0].indices)
-               for a, b in zip(batches, again))
+    assert all(torch.equal(a.batch.neg, b.batch.neg)
+               and torch.equal(a.batch.blocks[0].indices, b.batch.blocks[0].indices) for a, b in zip(batches, again))
 
 
 # ---------------------------------------------------------------------- split
