@@ -3,7 +3,8 @@
 Not part of gnnscale and never imported by it: ``scripts/bench_link_prediction.py`` runs it with the
 Python of a separate environment that has ``torch-geometric`` (e.g. 2.8.1 from the registry)::
 
-    /path/to/pyg-venv/bin/python scripts/pyg_link_baseline.py --data split.npz --seed 0
+    python3.11 -m venv /tmp/pyg && /tmp/pyg/bin/pip install torch==2.13.0 torch-geometric==2.8.1 scikit-learn
+    /tmp/pyg/bin/python scripts/pyg_link_baseline.py --data split.npz --seed 0
 
 It reads the features and the train/val/test edges of one split from ``--data`` (written by the
 benchmark, so both sides train and score the same edges), then does what the example does: a
