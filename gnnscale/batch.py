@@ -119,3 +119,30 @@ class MiniBatch:
     @classmethod
     def load(cls, path: str | Path) -> "MiniBatch":
         return cls.from_state(torch.load(path, weights_only=True))
+
+
+@dataclass(kw_only=True)
+class LinkMiniBatch(MiniBatch):
+    """A link-prediction batch: the computation graph of the unique endpoints of its positive and
+    negative pairs.  ``seeds`` are those endpoints (global ids, sorted); ``pos`` and ``neg`` index
+    into them, so ``h[pos[0]]`` and ``h[pos[1]]`` are the two ends of every positive pair when ``h``
+    holds one output row per seed."""
+
+    pos: Tensor
+    """int64 [2, num_pos]: (source, destination) positions in ``seeds`` of the positive pairs."""
+    neg: Tensor
+    """int64 [2, num_neg]: the same for the negative pairs (``num_negatives`` per positive, grouped
+    by positive: rows ``i * k .. i * k + k - 1`` corrupt positive ``i``)."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "LinkMiniBatch":
+        moved = MiniBatch.to(self, device, non_blocking)
+        return LinkMiniBatch(seeds=moved.seeds, blocks=moved.blocks, pos=self.pos.to(device, non_blocking=non_blocking),
+                             neg=self.neg.to(device, non_blocking=non_blocking))
+
+    def state(self) -> dict[str, Tensor | int]:
+        return {**MiniBatch.state(self), "pos": self.pos, "neg": self.neg}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor | int]) -> "LinkMiniBatch":
+        base = MiniBatch.from_state(state)
+        return cls(seeds=base.seeds, blocks=base.blocks, pos=state["pos"], neg=state["neg"])

@@ -1,5 +1,5 @@
-"""Evaluation metrics on plain tensors: accuracy, binary and multi-label ROC-AUC, average precision, MRR (no
-scikit-learn needed)."""
+"""Evaluation metrics on plain tensors: accuracy, binary and multi-label ROC-AUC, average precision, MRR, Hits@K
+(no scikit-learn needed)."""
 
 from __future__ import annotations
 
@@ -69,14 +69,46 @@ def per_batch_average_precision(positive: Tensor, negative: Tensor, batch: Tenso
     return sum(aps) / len(aps) if aps else float("nan")
 
 
+def link_ranks(positive: Tensor, negatives: Tensor) -> Tensor:
+    """float64 [n] rank of each ``positive`` score among negatives, ties counted half a place (OGB's mean of
+    the optimistic and pessimistic ranks).  ``negatives`` float [n, K]: each positive against its own row
+    (ogbl-citation2); float [K]: every positive against one shared set (ogbl-collab, -ppa, -ddi)."""
+    positive = positive.double()
+    if negatives.dim() == 2:
+        higher = (negatives.double() > positive.unsqueeze(1)).sum(1).double()
+        tied = (negatives.double() == positive.unsqueeze(1)).sum(1).double()
+    else:
+        ordered = torch.sort(negatives.double()).values
+        below = torch.searchsorted(ordered, positive, right=False)
+        not_above = torch.searchsorted(ordered, positive, right=True)
+        higher = (ordered.numel() - not_above).double()
+        tied = (not_above - below).double()
+    return 1.0 + higher + tied / 2
+
+
 def mean_reciprocal_rank(positive: Tensor, negatives: Tensor) -> float:
-    """Mean of ``1 / rank`` of each ``positive`` score float [n] among itself and its row of ``negatives``
-    float [n, K]; a tie counts half a place (the expected rank under random tie-breaking)."""
+    """Mean of ``1 / rank`` of each ``positive`` score float [n] among its negatives (:func:`link_ranks`:
+    a row of ``negatives`` float [n, K] per positive, or one shared float [K] set).  NaN without positives."""
     if positive.numel() == 0:
         return float("nan")
-    higher = (negatives > positive.unsqueeze(1)).sum(1).double()
-    tied = (negatives == positive.unsqueeze(1)).sum(1).double()
-    return float((1.0 / (1.0 + higher + tied / 2)).mean())
+    return float((1.0 / link_ranks(positive, negatives)).mean())
+
+
+def hits_at_k(positive: Tensor, negatives: Tensor, k: int) -> float:
+    """OGB's Hits@K of ``positive`` scores float [n].  Shared ``negatives`` float [M] (ogbl-collab/ppa/ddi): the
+    fraction of positives scoring strictly above the K-th highest negative (all of them when there are fewer
+    than K negatives).  Per-positive ``negatives`` float [n, K'] (ogbl-citation2): the fraction whose
+    :func:`link_ranks` rank is at most K.  NaN without positives."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if positive.numel() == 0:
+        return float("nan")
+    if negatives.dim() == 2:
+        return float((link_ranks(positive, negatives) <= k).double().mean())
+    if negatives.numel() < k:
+        return 1.0
+    kth = torch.topk(negatives.double(), k).values[-1]
+    return float((positive.double() > kth).double().mean())
 
 
 def multilabel_roc_auc(scores: Tensor, labels: Tensor) -> float:

@@ -29,7 +29,8 @@ from torch import Tensor
 from gnnscale.batch import MiniBatch
 from gnnscale.distributed.comm import Exchanger, split_by_owner
 from gnnscale.distributed.feature_store import DistTable
-from samplers.neighbor import SamplerConfig, make_block, sample_in_edges, segment_gather
+from samplers.neighbor import (SamplerConfig, drop_excluded, exclusion_keys, make_block, sample_in_edges,
+                               segment_gather)
 
 
 class LocalGraph:
@@ -104,9 +105,16 @@ class DistNeighborSampler:
         self.replicated = replicated
         self.world_size = exchanger.world_size
 
-    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator) -> MiniBatch:
-        """The computation graph of owned ``seeds`` (int64 [batch] global ids), drawing from ``rng``.  A collective."""
+    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator,
+               exclude: Tensor | None = None) -> MiniBatch:
+        """The computation graph of ``seeds`` (int64 [batch] global ids), drawing from ``rng``.  A collective.
+
+        ``exclude``: int64 [2, k] global ``(src, dst)`` edges dropped from every hop's draw, remote hops
+        included (the owners sample as usual; the requester filters what comes back, see
+        :func:`samplers.neighbor.exclusion_keys`)."""
         fanouts = list(self.config.fanouts if fanouts is None else fanouts)
+        num_nodes = int(self.offsets[-1])
+        excluded = exclusion_keys(exclude, num_nodes)
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
         degrees = self.degrees.gather if self.degrees is not None else None
         if self.replicated:
@@ -115,6 +123,7 @@ class DistNeighborSampler:
         dst = seeds
         for fanout in reversed(fanouts):
             src, counts, edges = self._sample_frontier(dst, fanout, rng)
+            src, counts, edges = drop_excluded(dst, src, counts, excluded, num_nodes, edges)
             block = make_block(dst, src, counts, self.config, degrees, edges)
             blocks.insert(0, block)
             dst = block.src_ids

@@ -70,17 +70,20 @@ class NeighborSampler:
         self.num_nodes = self.indptr.numel() - 1
         self.degree = (self.indptr[1:] - self.indptr[:-1]).to(torch.float32)
 
-    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator) -> MiniBatch:
+    def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator,
+               exclude: Tensor | None = None) -> MiniBatch:
         """The computation graph of ``seeds`` (int64 [batch]) with ``fanouts`` (default: the config's),
-        drawing from ``rng``."""
+        drawing from ``rng``; sampled edges listed in ``exclude`` (see :func:`exclusion_keys`) are dropped."""
         fanouts = list(self.config.fanouts if fanouts is None else fanouts)
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        excluded = exclusion_keys(exclude, self.num_nodes)
         blocks: list[Block] = []
         dst = seeds
         for fanout in reversed(fanouts):
             src, counts, *edges = sample_in_edges(self.indptr.numpy(), self.indices.numpy(), dst.numpy(), fanout,
                                                   self.config.replace, rng, with_edges=self.config.edge_ids)
-            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids], *edges)
+            src, counts, edge_ids = drop_excluded(dst, src, counts, excluded, self.num_nodes, *edges)
+            block = make_block(dst, src, counts, self.config, lambda ids: self.degree[ids], edge_ids)
             blocks.insert(0, block)
             dst = block.src_ids
         return MiniBatch(seeds=seeds, blocks=blocks)
@@ -127,6 +130,51 @@ def sample_in_edges(indptr: np.ndarray, indices: np.ndarray, dst: np.ndarray, fa
     if with_edges:
         return torch.from_numpy(src), torch.from_numpy(counts), torch.from_numpy(edges)
     return torch.from_numpy(src), torch.from_numpy(counts)
+
+
+def exclusion_keys(exclude: Tensor | np.ndarray | None, num_nodes: int) -> np.ndarray | None:
+    """The sorted edge keys ``dst * num_nodes + src`` of ``exclude``, int64 [2, k] ``(src, dst)`` pairs of
+    global ids (``None``: nothing excluded).
+
+    Exclusion is applied after each hop's draw (:func:`drop_excluded`), as DGL's ``exclude_edges`` of
+    old: a destination with ``j`` excluded in-edges among its ``fanout`` draws keeps ``fanout - j``
+    neighbours, while one whose whole neighbourhood is taken (degree <= fanout, or fanout -1) loses
+    exactly its excluded edges.  Excluding the edge in both directions is the caller's choice (pass
+    the reverses too): link prediction excludes a seed edge and its reverse.
+    """
+    if exclude is None:
+        return None
+    pairs = np.asarray(exclude, dtype=np.int64)
+    if pairs.ndim != 2 or pairs.shape[0] != 2:
+        raise ValueError(f"exclude must be int64 [2, k] (src, dst) pairs, got shape {tuple(pairs.shape)}")
+    if pairs.size and (pairs.min() < 0 or pairs.max() >= num_nodes):
+        raise ValueError(f"exclude holds node ids outside [0, {num_nodes}); pass global ids of this graph")
+    return np.unique(pairs[1] * num_nodes + pairs[0])
+
+
+def drop_excluded(dst: Tensor, src: Tensor, counts: Tensor, excluded: np.ndarray | None, num_nodes: int,
+                  edges: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(src, counts, edges)`` of one hop without the edges whose key is in ``excluded`` (sorted int64 keys).
+
+    Args:
+        dst: int64 [num_dst] global destination ids; ``src`` holds ``counts[i]`` sources of ``dst[i]``.
+        src: int64 [E] global source ids grouped by destination.
+        counts: int64 [num_dst].
+        edges: int64 [E] the sampled edges' ids, filtered alike (or None).
+    """
+    if excluded is None or excluded.size == 0 or src.numel() == 0:
+        return src, counts, edges
+    src_np, counts_np = src.numpy(), counts.numpy()
+    keys = np.repeat(dst.numpy(), counts_np) * num_nodes + src_np
+    where = np.minimum(np.searchsorted(excluded, keys), excluded.size - 1)
+    hit = excluded[where] == keys
+    if not hit.any():
+        return src, counts, edges
+    # Each destination loses as many edges as it had hits: counts minus a per-segment sum.
+    segment = np.repeat(np.arange(counts_np.size), counts_np)
+    lost = np.bincount(segment[hit], minlength=counts_np.size)
+    kept = torch.from_numpy(~hit)
+    return src[kept], torch.from_numpy(counts_np - lost), None if edges is None else edges[kept]
 
 
 def make_block(dst: Tensor, src: Tensor, counts: Tensor, config: SamplerConfig,

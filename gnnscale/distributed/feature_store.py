@@ -288,7 +288,8 @@ class DistTable:
         # Only the numbering changes: edge weights, ids and features stay with their edges.
         renumbered = dataclasses.replace(first, indices=position.index_select(0, first.indices) + num_dst,
                                          src_ids=torch.cat([first.dst_ids, first.src_ids.index_select(0, order)]))
-        return MiniBatch(seeds=batch.seeds, blocks=[renumbered, *batch.blocks[1:]]), x
+        # replace() keeps the batch's own type and fields (a LinkMiniBatch keeps its pairs).
+        return dataclasses.replace(batch, blocks=[renumbered, *batch.blocks[1:]]), x
 
     def lookup(self, ids: Tensor) -> Tensor:
         """Rows of ``ids`` that are all owned or cached; no communication.

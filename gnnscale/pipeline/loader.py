@@ -123,8 +123,8 @@ class LoadedBatch:
     batch: MiniBatch
     x: Tensor | None
     """float [num_input, F] feature rows of ``batch.input_ids`` (None when ``gather_features`` is off)."""
-    y: Tensor
-    """Labels of ``batch.seeds``."""
+    y: Tensor | None
+    """Labels of ``batch.seeds`` (None when the loader has no labels, e.g. link prediction)."""
     slot: int = -1
     release_after: list = field(default_factory=list)
     """Events (``torch.cuda.Event``) that must complete before the slot's memory is reused."""
@@ -192,7 +192,8 @@ class PrefetchLoader:
         seeds: int64 [num_seeds] nodes to cover exactly once per pass.
         features: float [num_nodes, F] feature table (host memory), indexed by ``batch.input_ids - first_id``,
             or a :class:`FeatureStore` (rows held elsewhere, e.g. by other ranks).
-        labels: [num_nodes] labels, indexed by ``batch.seeds - first_id``.
+        labels: [num_nodes] labels, indexed by ``batch.seeds - first_id``; None for tasks without per-seed
+            labels (link prediction: the batch carries its pairs).
         config: scheduling settings.
         first_id: the node id of row 0 of ``labels`` (and of a ``features`` table).
         plan: ``plan(epoch) -> batches``, the seeds of every batch of pass ``epoch``, instead of cutting
@@ -202,7 +203,7 @@ class PrefetchLoader:
     generators, so setting ``epoch`` replays any pass.  ``loader.stats`` describes the last pass.
     """
 
-    def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor | FeatureStore, labels: Tensor,
+    def __init__(self, sample: SampleFn, seeds: Tensor, features: Tensor | FeatureStore, labels: Tensor | None,
                  config: LoaderConfig, *, first_id: int = 0, plan: Callable[[int], list[Tensor]] | None = None) -> None:
         self.sample_fn = sample
         self.plan = plan
@@ -231,8 +232,10 @@ class PrefetchLoader:
         x = None
         if self.config.gather_features:
             batch, x = self._gather_inputs(batch, buffers)
-        seeds = batch.seeds if self.first_id == 0 else batch.seeds - self.first_id
-        y = gather_rows(self.labels, seeds, buffers.take("labels", seeds.numel(), self.labels))
+        y = None
+        if self.labels is not None:
+            seeds = batch.seeds if self.first_id == 0 else batch.seeds - self.first_id
+            y = gather_rows(self.labels, seeds, buffers.take("labels", seeds.numel(), self.labels))
         done, cpu_done = time.perf_counter(), time.thread_time()
         with lock:
             stats.sample += sampled - start
