@@ -67,7 +67,8 @@ def run_training(workdir: Path, name: str, ranks: int, train_args: list[str], ti
     """``scripts/train_temporal.py train_args`` in one process or under torchrun on ``ranks`` ranks, every
     process with ``OMP_NUM_THREADS=1``, its output in ``workdir/name.log``; its metrics.json (plus wall time)."""
     out = workdir / name
-    train = [str(ROOT / "scripts" / "train_temporal.py"), *train_args, "--out", str(out)]
+    train = [str(ROOT / "scripts" / "train_temporal.py"), *train_args, "--out", str(out),
+             "--checkpoint-every", "0"]  # timed runs: a checkpoint per epoch would be timed too
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", *train]
     else:
