@@ -78,7 +78,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     **dict.fromkeys(("--epochs", "--batch-size", "--hidden", "--num-layers", "--heads", "--out-heads", "--eval-every",
                      "--memory-dim", "--time-dim", "--embedding-dim", "--num-neighbors",
                      "--eval-negatives", "--num-parts", "--num-nodes", "--feat-dim", "--sync-every",
-                     "--num-events"), (1, None, True)),
+                     "--num-events", "--num-negatives"), (1, None, True)),
     **dict.fromkeys(("--dropout", "--input-dropout", "--attn-dropout", "--new-node-fraction"), (0, 1, True)),
     **dict.fromkeys(("--weight-decay", "--patience", "--num-workers", "--checkpoint-every", "--cache-mb", "--split",
                      "--staleness", "--halo-hops", "--seed", "--prefetch", "--topology-budget-mb",
@@ -376,7 +376,7 @@ def as_flags(parser: argparse.ArgumentParser, message: str) -> str:
         name = re.escape(action.dest)
         message = re.sub(rf"\b{name}='([^']*)'", rf"{flag} \1", message)
         message = re.sub(rf"\b{name}=(?=\S)", f"{flag} ", message)
-        bare = rf"(?<![-\w]){name}\b(?!=)" if "_" in action.dest else rf"(?<![-\w]){name}(?= must\b)"
+        bare = rf"(?<![-\w.]){name}\b(?!=)" if "_" in action.dest else rf"(?<![-\w.]){name}(?= must\b)"
         message = re.sub(bare, flag, message)
     return message
 

@@ -90,7 +90,8 @@ def load_accuracy_table():
 
 def test_node_recipes_are_the_accuracy_table_recipes():
     table = load_accuracy_table().RECIPES
-    assert {path.stem for path in RECIPES.glob("*.toml")} - {"wikipedia-tgn", "collegemsg-tgn"} == set(table)
+    # The temporal and link-prediction recipes are not node classification's accuracy table.
+    assert {path.stem for path in RECIPES.glob("*.toml")} - {"wikipedia-tgn", "collegemsg-tgn", "cora-link"} == set(table)
     for name, (dataset, train_args, *_rest) in table.items():
         expected = parse_train(["--dataset", dataset, *train_args])
         got = parse_train(["--config", str(RECIPES / f"{name}.toml")])

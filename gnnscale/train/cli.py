@@ -15,7 +15,7 @@ from typing import Any
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
 from gnnscale.options import (GRAD_SYNCS, WIRE_DTYPES, JobOptionError, NoEffect, OutputError, Parser, add_section,
-                              run_command, write_failure_reason)
+                              flags_in_errors, run_command, write_failure_reason)
 
 DEFAULT_FANOUTS = (15, 10, 5)
 
@@ -58,10 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: the sections of :mod:`gnnscale.options` plus the GNN's own options."""
     parser = Parser(
         prog="gnnscale-train",
-        description="Mini-batch node classification with sampled neighbourhoods on 1..N ranks; evaluates "
-                    "layer-wise over all neighbours and keeps the epoch with the best validation score.",
+        description="Mini-batch node classification (--task node) or static link prediction (--task link) with "
+                    "sampled neighbourhoods on 1..N ranks; keeps the epoch with the best validation score.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataset_arguments(parser)
+    parser.add_argument("--task", choices=("node", "link"), default="node", help="node: classify nodes (their "
+                        "labels); link: predict edges (a random 85/5/10 split of the graph's edges, seed edges and "
+                        "their reverses left out of their batch's neighbourhoods; ROC-AUC, MRR, Hits@20/50)")
+    _add_link_arguments(parser.add_argument_group("link prediction (--task link)"))
     model = parser.add_argument_group("model")
     model.add_argument("--model", choices=("sage", "gcn", "gat"), default="sage")
     model.add_argument("--num-layers", type=int, default=3)
@@ -89,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "original ids, and a manifest (read them with gnnscale.read_outputs)")
     add_section(parser, "run")
     return parser
+
+
+def _add_link_arguments(link: argparse._ArgumentGroup) -> None:
+    link.add_argument("--decoder", choices=("dot", "mlp"), default="dot", help="scores a pair from its two "
+                      "embeddings (--hidden wide): inner product, or an MLP over their elementwise product")
+    link.add_argument("--num-negatives", type=int, default=1, help="negative pairs per positive in training")
+    link.add_argument("--negative-sampling", choices=("uniform", "degree", "global"), default="uniform",
+                      help="uniform: the positive's source with a uniform destination; degree: destination by "
+                           "degree^0.75; global: both ends uniform (PyG's example)")
+    link.add_argument("--exclude", choices=("reverse", "self", "none"), default="reverse", help="seed edges left "
+                      "out of their own batch's sampled neighbourhoods: with their reverses, alone, or none")
+    link.add_argument("--val-fraction", type=float, default=0.05, help="share of the edges held out for validation")
+    link.add_argument("--test-fraction", type=float, default=0.1, help="share of the edges held out for testing")
 
 
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -141,7 +158,16 @@ def _partitioned(args: argparse.Namespace, world_size: int) -> bool:
 
 SYNTHETIC_OPTIONS = ("--num-nodes", "--avg-degree", "--num-classes", "--feat-dim")
 
+def _link(args: argparse.Namespace, world_size: int) -> bool:
+    return args.task == "link"
+
+
 NO_EFFECT = (
+    *(NoEffect(name, lambda args, world_size: args.task == "node", "only --task link predicts edges")
+      for name in ("--decoder", "--num-negatives", "--negative-sampling", "--exclude", "--val-fraction",
+                   "--test-fraction")),
+    *(NoEffect(name, _link, "--task link writes no checkpoint and deals no seed shares (yet)")
+      for name in ("--resume", "--checkpoint-every", "--rank-capacity", "--grad-sync", "--features-on-device")),
     *(NoEffect(name, _not_gat, "only --model gat has attention") for name in ("--heads", "--out-heads",
                                                                             "--attn-dropout")),
     *(NoEffect(name, _partitioned, "the graph comes from --partitions")
@@ -281,13 +307,14 @@ def run(args: argparse.Namespace) -> dict:
     name = _run_name(args)
     suffix = f"-{env.world_size}r" if env.world_size > 1 else ""
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
+    link = link_config(args)  # checked before any data is read
     _check_before_writing(args, env.world_size, out)
     # The library names its arguments; inside the job a failing rank reports before main() sees the error.
     with joined_job(env, args.device, args.failure_timeout) as runtime, flags_in_errors(build_parser()):
         # Nothing that holds a process group (the trainer) may outlive this block: see joined_job.
-        result, facts = _fit(args, runtime, out, (model_config, sampler_config, train_config, cache_config))
+        result, facts = _fit(args, runtime, out, (model_config, sampler_config, train_config, cache_config), link)
     metrics = {
-        "dataset": name, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
+        "dataset": name, "task": args.task, "model": args.model, "metric": result.metric, "val": result.val, "test": result.test,
         "best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "train_seconds": result.train_seconds,
         "world_size": env.world_size, **facts,
         "partitions": str(args.partitions) if args.partitions else None,
@@ -295,20 +322,35 @@ def run(args: argparse.Namespace) -> dict:
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "history": result.history,
     }
+    link = facts.get("test_link")  # the test figures of --task link
     if env.is_main:
         publish_metrics(out / "metrics.json", metrics,
-                        f"{name} {args.model} on {env.world_size} rank(s): test {result.metric} {result.test:.4f} "
-                        f"(val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
+                        f"{name} {args.model} on {env.world_size} rank(s): test {result.metric} {result.test:.4f}"
+                        + (f", MRR {link['mrr']:.4f}, Hits@20 {link['hits@20']:.4f}, Hits@50 {link['hits@50']:.4f}"
+                           if link else "")
+                        + f" (val {result.val:.4f}, best epoch {result.best_epoch}/{result.epochs_run}, "
                         f"{result.train_seconds:.1f}s training)")
     return metrics
 
 
-def _fit(args: argparse.Namespace, runtime, out: Path, configs: tuple) -> tuple[Any, dict]:
+def link_config(args: argparse.Namespace):
+    """``--task link``'s :class:`~gnnscale.train.link.LinkConfig` (None for ``--task node``)."""
+    if args.task != "link":
+        return None
+    from gnnscale.train.link import LinkConfig
+
+    return LinkConfig(decoder=args.decoder, num_negatives=args.num_negatives, negative_sampling=args.negative_sampling,
+                      exclude=args.exclude, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
+
+
+def _fit(args: argparse.Namespace, runtime, out: Path, configs: tuple, link) -> tuple[Any, dict]:
     """Train this rank's partition; ``(TrainResult, facts of the run for metrics.json)``, plain values only."""
     from gnnscale.train.trainer import Trainer
 
     model_config, sampler_config, train_config, cache_config = configs
     part = _open_partition(args, runtime, out)
+    if link is not None:
+        return _fit_link(args, part, runtime, out, configs, link)
     trainer = Trainer.on_partition(part, runtime, split=args.split, model_config=model_config,
                                    sampler_config=sampler_config, config=train_config, cache_config=cache_config,
                                    out=out, show_progress=not args.quiet)
@@ -317,6 +359,25 @@ def _fit(args: argparse.Namespace, runtime, out: Path, configs: tuple) -> tuple[
         trainer.predict().save(out / "predictions")
     return result, {"wire_dtype": trainer.wire_dtype, "steps_per_epoch": trainer.steps,
                     "topology": "replicated" if trainer.replicated else "partitioned"}
+
+
+def _fit_link(args: argparse.Namespace, part, runtime, out: Path, configs: tuple, link) -> tuple[Any, dict]:
+    """``--task link`` on this rank's partition; with ``--save-predictions`` every node's embedding is written."""
+    from gnnscale.graph import Graph
+    from gnnscale.inference import layerwise_inference
+    from gnnscale.train.link import LinkTrainer
+    from gnnscale.world import World
+
+    model_config, sampler_config, train_config, cache_config = configs
+    graph = Graph(part, World.from_runtime(runtime), split=args.split, wire_dtype=cache_config.wire_dtype)
+    trainer = LinkTrainer(graph, model_config=model_config, sampler_config=sampler_config, config=train_config,
+                          link=link, cache_config=cache_config)
+    result = trainer.fit()
+    if args.save_predictions:  # the encoder's embeddings, over the whole graph (test edges included)
+        layerwise_inference(graph, trainer.encoder, batch_size=train_config.eval_batch_size,
+                            self_loops=sampler_config.self_loops, gcn_norm=sampler_config.gcn_norm).save(out / "predictions")
+    return result, {"test_link": trainer.test, "steps_per_epoch": len(trainer.task.train),
+                    "wire_dtype": graph.wire_dtype}
 
 
 def _check_before_writing(args: argparse.Namespace, world_size: int, out: Path) -> None:
