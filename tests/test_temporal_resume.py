@@ -162,10 +162,13 @@ def test_config_errors():
         trainer(None, resume=True)
 
 
-def test_a_failed_checkpoint_write_is_an_os_error_naming_the_file(tmp_path):
+def test_a_failed_checkpoint_write_is_one_output_error_naming_the_folder(tmp_path):
+    from gnnscale.options import OutputError
+
     run = trainer(tmp_path / "run", epochs=1)
     (tmp_path / "run").write_text("a file where the run folder should be")
-    with pytest.raises(OSError, match=r"writing the checkpoint .*checkpoint.pt failed"):
+    with pytest.raises(OutputError, match=r"cannot write a checkpoint in .*run \(File exists\); no checkpoint "
+                                         r"was kept"):
         run.fit()
 
 
@@ -234,8 +237,8 @@ def test_command_line_resume_with_other_settings_is_one_line(tmp_path):
                                "--resume", "--quiet"), env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'run' / 'checkpoint.pt'} was written by a different run (batch_size = 30, this run has "
-        f"40); resume with the same settings, or use a fresh --out"]
+        f"error: {tmp_path / 'run' / 'checkpoint.pt'} was written by a different run (--batch-size = 30, this run "
+        f"has 40); resume with the same settings, or use a fresh --out"]  # the library's name, as the flag
 
 
 # ---------------------------------------------------------------- 2 ranks, every parallelism

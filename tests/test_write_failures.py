@@ -138,8 +138,9 @@ def test_metrics_failure_prints_the_result_first_node_classification(tmp_path: P
 def test_metrics_failure_prints_the_result_first_temporal(tmp_path: Path, frozen) -> None:
     out = tmp_path / "run"
     data = tiny_stream(tmp_path / "events.csv")
+    # No checkpoints (the temporal command writes one every epoch by default): metrics.json is what fails.
     done, digest = run_and_freeze([sys.executable, TEMPORAL, "--dataset", "csv", "--data-dir", str(data),
-                                   *TEMPORAL_ARGS, "--epochs", "30", "--out", str(out)],
+                                   *TEMPORAL_ARGS, "--epochs", "30", "--checkpoint-every", "0", "--out", str(out)],
                                   out, lambda _, stderr: " epoch " in stderr, frozen)
     assert done.returncode == 1, done.stderr
     (line,) = problem_lines(done.stderr)

@@ -48,8 +48,7 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     except (OSError, RuntimeError) as err:  # torch.save reports an unopenable file as a RuntimeError
         kept = f"the last checkpoint there ({path.name}) is intact" if path.exists() else "no checkpoint was kept"
         raise OutputError(f"cannot write a checkpoint in {path.parent} ({_reason(err, path.parent)}); {kept}; "
-                          f"make the folder writable (or free space) and rerun with --resume, or pass "
-                          f"--on-checkpoint-error warn to train on without checkpoints") from None
+                          f"make the folder writable (or free space) and rerun with --resume") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -85,7 +84,8 @@ class CheckpointWriter:
         try:
             save_checkpoint(self.path, payload)
         except OutputError as err:
-            if self.on_error == "stop":
+            if self.on_error == "stop":  # the node command's one line also names the policy that goes on
+                err.args = (f"{err}, or pass --on-checkpoint-error warn to train on without checkpoints",)
                 raise
             if not self.failing:
                 log.warning("%s; training goes on (--on-checkpoint-error warn)", err)
