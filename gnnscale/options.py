@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,10 @@ def check_out(path: Path, flag: str = "--out") -> None:
     except OSError as err:
         raise ValueError(f"{flag} {path} cannot be written: creating a file in {existing} failed ({err.strerror}); "
                          f"choose a folder you can write to") from None
+
+
+JOB_ERROR_GRACE_SECONDS = 3.0
+"""How long a rank other than 0 waits before leaving with a :class:`JobOptionError` that rank 0 reports."""
 
 
 class OutputError(RuntimeError):
@@ -354,6 +359,9 @@ def report_error(exc: BaseException) -> int | None:
         status, line = 2, f"error: {exc}"
         if isinstance(exc, JobOptionError) and os.environ.get("RANK", "0") != "0":
             line = None
+            # Rank 0 prints the job's line; torchrun stops every rank once one exits with an error (torch 2.15's
+            # agent within a fraction of a second), so the others leave only after giving it time to.
+            time.sleep(JOB_ERROR_GRACE_SECONDS)
     elif isinstance(exc, OutputError):  # what could be kept was (the result printed, the last checkpoint intact)
         status, line = EXIT_OUTPUT_ERROR, f"error: {exc}"
     elif isinstance(exc, KeyboardInterrupt):  # the loader's workers were stopped on the way out
