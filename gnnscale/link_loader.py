@@ -35,7 +35,7 @@ from gnnscale.distributed.feature_store import DistTable, edge_source_counts
 from gnnscale.graph import Graph
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader
 from gnnscale.pipeline.loader import LoadedBatch
-from gnnscale.sampling import CacheConfig, CachePlan, agreed_steps, fill_feature_cache
+from gnnscale.sampling import CacheConfig, CachePlan, EpochPasses, agreed_steps, fill_feature_cache
 from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure
 from samplers.link import EXCLUDE_MODES, NEGATIVE_MODES, LinkSampler, NegativeSampler
 from samplers.neighbor import SamplerConfig, drop_excluded, exclusion_keys
@@ -83,7 +83,7 @@ def remove_edges(structure: LocalGraph, edges: Tensor, num_nodes: int) -> LocalG
     return LocalGraph(indptr, src.numpy().copy(), start=structure.start)
 
 
-class LinkLoader:
+class LinkLoader(EpochPasses):
     """Mini-batches of seed ``edges`` with negatives, their endpoints' neighbourhoods and input rows.
 
     Args:
@@ -189,21 +189,6 @@ class LinkLoader:
         if self.sampler.replicated or self.world.size == 1:
             return self.sampler.graph.degree
         return self.world.exchanger.all_gather_rows(self.sampler.graph.degree)
-
-    @property
-    def stats(self):
-        """Where the last epoch's time went (:class:`gnnscale.pipeline.PassStats`)."""
-        return self._loader.stats
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` epoch ``epoch``; any epoch can be replayed."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._loader.epoch = epoch
-
-    def __len__(self) -> int:
-        """Batches per epoch (the same on every rank)."""
-        return self.steps
 
     def __iter__(self) -> Iterator[LinkBatch]:
         for loaded in self._loader:

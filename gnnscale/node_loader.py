@@ -33,7 +33,7 @@ from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.graph import Graph
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader
 from gnnscale.pipeline.device import DeviceBatch, DeviceFeeder
-from gnnscale.sampling import CacheConfig, CachePlan, agreed_steps, fill_feature_cache, make_sampler
+from gnnscale.sampling import CacheConfig, CachePlan, EpochPasses, agreed_steps, fill_feature_cache, make_sampler
 from gnnscale.train.shares import SeedShares
 from samplers.neighbor import SamplerConfig
 
@@ -43,7 +43,7 @@ Batch = DeviceBatch
 """What a :class:`NodeLoader` yields: ``seeds``, ``blocks``, ``x`` (input rows), ``y`` (the seeds' labels)."""
 
 
-class NodeLoader:
+class NodeLoader(EpochPasses):
     """Mini-batches of ``seeds`` with their sampled neighbourhoods, input features and labels.
 
     Args:
@@ -175,26 +175,6 @@ class NodeLoader:
         return batch
 
     # ------------------------------------------------------------------ iteration
-    @property
-    def replicated(self) -> bool:
-        """The sampler draws from the whole graph structure held by this rank."""
-        return self.sampler.replicated
-
-    @property
-    def stats(self):
-        """Where the last epoch's time went (:class:`gnnscale.pipeline.PassStats`)."""
-        return self._loader.stats
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` epoch ``epoch`` (its order and sampling); any epoch can be replayed."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self._loader.epoch = epoch
-
-    def __len__(self) -> int:
-        """Batches per epoch (the same on every rank)."""
-        return self.steps
-
     def __iter__(self) -> Iterator[Batch]:
         """One epoch; without :meth:`set_epoch`, each pass is the epoch after the previous one."""
         return self.feeder(self._loader)

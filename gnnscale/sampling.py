@@ -17,7 +17,7 @@ from torch import Tensor
 from gnnscale.distributed import wire
 from gnnscale.distributed.feature_store import DistTable, auto_cache_mb, cache_rows_for
 from gnnscale.graph import Graph
-from gnnscale.pipeline import split_batches
+from gnnscale.pipeline import PrefetchLoader, split_batches
 from samplers.distributed import DistNeighborSampler, LocalGraph
 from samplers.inclusion import inclusion_probabilities
 from samplers.neighbor import SamplerConfig
@@ -166,3 +166,32 @@ def agreed_steps(graph: Graph, num_seeds: int, batch_size: int, what: str = "see
                          f"raise batch_size")
     sizes = [[len(b) for b in split_batches(torch.arange(n), batch_size, False, steps)] for n in counts]
     return len(sizes[0]), torch.tensor(np.sum(sizes, axis=0), dtype=torch.float32)
+
+
+class EpochPasses:
+    """What the node and link loaders share of their passes: ``_loader`` (a :class:`PrefetchLoader`), ``steps``
+    and ``sampler``, set by the loader."""
+
+    _loader: "PrefetchLoader"
+    steps: int
+    sampler: DistNeighborSampler
+
+    @property
+    def replicated(self) -> bool:
+        """The sampler draws from the whole graph structure held by this rank."""
+        return self.sampler.replicated
+
+    @property
+    def stats(self):
+        """Where the last epoch's time went (:class:`gnnscale.pipeline.PassStats`)."""
+        return self._loader.stats
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter(loader)`` epoch ``epoch`` (its order and sampling); any epoch can be replayed."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self._loader.epoch = epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        return self.steps
