@@ -51,7 +51,7 @@ class GATConv(nn.Module):
         score_src = (h * self.attn_l).sum(-1)  # [num_src, heads]
         score_dst = (h[: block.num_dst] * self.attn_r).sum(-1)  # [num_dst, heads]
         dst = block.dst_index()
-        scores = score_src[block.indices] + score_dst[dst]
+        scores = score_src.index_select(0, block.indices) + score_dst.index_select(0, dst)
         if self.fc_edge is not None:
             if block.edge_attr is None:
                 raise ValueError("this GATConv has edge_dim set but the block carries no edge features: load "

@@ -11,7 +11,7 @@ class DotDecoder(nn.Module):
 
     def forward(self, h: Tensor, pairs: Tensor) -> Tensor:
         """``h`` float [n, D] embeddings, ``pairs`` int64 [2, P] rows of ``h`` -> float [P] logits."""
-        return (h[pairs[0]] * h[pairs[1]]).sum(-1)
+        return (h.index_select(0, pairs[0]) * h.index_select(0, pairs[1])).sum(-1)
 
 
 class MLPDecoder(nn.Module):
@@ -34,7 +34,7 @@ class MLPDecoder(nn.Module):
 
     def forward(self, h: Tensor, pairs: Tensor) -> Tensor:
         """``h`` float [n, D] embeddings, ``pairs`` int64 [2, P] rows of ``h`` -> float [P] logits."""
-        return self.mlp(h[pairs[0]] * h[pairs[1]]).squeeze(-1)
+        return self.mlp(h.index_select(0, pairs[0]) * h.index_select(0, pairs[1])).squeeze(-1)
 
 
 def make_decoder(name: str, dim: int, hidden: int = 256) -> nn.Module:

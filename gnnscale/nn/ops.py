@@ -4,6 +4,11 @@ Sums over in-edges run as a CSR sparse x dense product: on CPU it is about 7x fa
 message row per edge and ``index_add_``-ing them (measured on 300k edges x 256 features), and it never
 materialises an [num_edges, F] tensor.  Edge weights that need gradients (attention) take the gather path
 instead, because torch 2.2's CSR backward densifies the gradient of the sparse values.
+
+Rows are gathered with ``index_select``, never ``x[index]``: on CPU the backward of advanced indexing
+(``index_put_`` with accumulation) adds repeated rows in an order that changes from run to run with
+more than one thread, so gradients, and a whole training run, would differ in the last bits;
+``index_select``'s backward (``index_add_``) does not (tests/test_determinism.py).
 """
 
 from __future__ import annotations
@@ -74,6 +79,6 @@ def gather_sum(block: Block, messages_src: Tensor, weight: Tensor, dst: Tensor |
     """``out[v, h] = sum_e weight[e, h] * messages_src[u_e, h]`` for ``messages_src`` [num_src, H, F].
     Differentiable in ``weight``; materialises [num_edges, H, F], so use for attention only."""
     dst = block.dst_index() if dst is None else dst
-    messages = messages_src[block.indices] * weight.unsqueeze(-1)
+    messages = messages_src.index_select(0, block.indices) * weight.unsqueeze(-1)
     out = messages_src.new_zeros((block.num_dst,) + tuple(messages_src.shape[1:]))
     return out.index_add_(0, dst, messages)
