@@ -57,3 +57,36 @@ def test_bad_link_options_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(message), lines
     assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def resumable(rank: int, parts: str, out: str, epochs: str, resume: bool) -> int:
+    from gnnscale.train.cli import main
+
+    return main(["--partitions", parts, "--out", out, *ARGS, "--epochs", epochs, *(["--resume"] if resume else [])])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_link_task_resumes_as_the_uninterrupted_run(tmp_path: Path, ranks: int) -> None:
+    parts = str(partition_dataset(synthetic(), tmp_path / "parts", ranks))
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    assert run_ranks(resumable, ranks, parts, whole, "4", False, timeout=300.0) == [0] * ranks
+    assert run_ranks(resumable, ranks, parts, split, "2", False, timeout=300.0) == [0] * ranks
+    first = json.loads((Path(split) / "metrics.json").read_text())
+    assert run_ranks(resumable, ranks, parts, split, "4", True, timeout=300.0) == [0] * ranks
+    expected, resumed = (json.loads((Path(run) / "metrics.json").read_text()) for run in (whole, split))
+    assert resumed["epochs_run"] == 4
+    # Epochs 1-2 came from the checkpoint (their wall times are the first run's), 3-4 were trained again.
+    assert [r["epoch_seconds"] for r in resumed["history"][:2]] == [r["epoch_seconds"] for r in first["history"]]
+    for key in ("loss", "val"):  # the resumed epochs 3 and 4 are the uninterrupted run's, to the bit
+        assert [r[key] for r in resumed["history"]] == [r[key] for r in expected["history"]], key
+    assert resumed["test_link"] == expected["test_link"]
+
+
+def test_link_resume_refuses_other_settings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from gnnscale.train.cli import main
+
+    run = str(tmp_path / "run")
+    base = ["--dataset", "synthetic", "--num-nodes", "2000", "--out", run, *ARGS, "--epochs", "1"]
+    assert main(base) == 0
+    assert main([*base, "--epochs", "2", "--resume", "--decoder", "mlp"]) == 2
+    assert "was written by a different run (link = " in capsys.readouterr().err.strip().splitlines()[-1]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from gnnscale.options import OutputError, write_failure_reason
 
@@ -120,3 +121,28 @@ def load_checkpoint(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{path} was written by a different run ({key} = {recorded!r}, this run has "
                              f"{value!r}); resume with the same settings, or use a fresh --out")
     return payload
+
+
+def checkpoint_due(epoch: int, *, every: int, epochs: int, stopped: bool) -> bool:
+    """Whether the epoch just finished is checkpointed: every ``every`` epochs (0 never), the last, an early stop."""
+    return bool(every) and (epoch % every == 0 or epoch == epochs or stopped)
+
+
+def restore_checkpoint(path: Path | None, fingerprint: dict[str, Any], rank: int, group: Any) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (None where there is none), read by rank 0 and broadcast over ``group``
+    (None in a world of one): no shared file system is assumed.
+
+    Raises:
+        ValueError: on every rank, where rank 0 found an unreadable checkpoint or one of other settings.
+    """
+    payload: list[Any] = [None]
+    if rank == 0 and path is not None and path.exists():
+        try:
+            payload[0] = load_checkpoint(path, fingerprint)
+        except ValueError as err:  # every rank must learn it, or the others wait in the broadcast
+            payload[0] = str(err)
+    if group is not None:
+        dist.broadcast_object_list(payload, src=0, group=group)
+    if isinstance(payload[0], str):
+        raise ValueError(payload[0])
+    return payload[0]

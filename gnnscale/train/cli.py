@@ -166,8 +166,8 @@ NO_EFFECT = (
     *(NoEffect(name, lambda args, world_size: args.task == "node", "only --task link predicts edges")
       for name in ("--decoder", "--num-negatives", "--negative-sampling", "--exclude", "--val-fraction",
                    "--test-fraction")),
-    *(NoEffect(name, _link, "--task link writes no checkpoint and deals no seed shares (yet)")
-      for name in ("--resume", "--checkpoint-every", "--rank-capacity", "--grad-sync", "--features-on-device")),
+    *(NoEffect(name, _link, "--task link does not support it yet")
+      for name in ("--rank-capacity", "--grad-sync", "--features-on-device")),
     *(NoEffect(name, _not_gat, "only --model gat has attention") for name in ("--heads", "--out-heads",
                                                                             "--attn-dropout")),
     *(NoEffect(name, _partitioned, "the graph comes from --partitions")
@@ -371,7 +371,7 @@ def _fit_link(args: argparse.Namespace, part, runtime, out: Path, configs: tuple
     model_config, sampler_config, train_config, cache_config = configs
     graph = Graph(part, World.from_runtime(runtime), split=args.split, wire_dtype=cache_config.wire_dtype)
     trainer = LinkTrainer(graph, model_config=model_config, sampler_config=sampler_config, config=train_config,
-                          link=link, cache_config=cache_config)
+                          link=link, cache_config=cache_config, out=out)
     result = trainer.fit()
     if args.save_predictions:  # the encoder's embeddings, over the whole graph (test edges included)
         layerwise_inference(graph, trainer.encoder, batch_size=train_config.eval_batch_size,

@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ from gnnscale.link_task import LinkTask
 from gnnscale.nn import GNN, ModelConfig
 from gnnscale.nn.link import make_decoder
 from gnnscale.sampling import CacheConfig
-from gnnscale.train.fit import seeded
+from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, checkpoint_due, restore_checkpoint
+from gnnscale.train.fit import FitState, fit, seeded
 from gnnscale.train.trainer import TrainConfig, TrainResult
 from samplers.neighbor import SamplerConfig
 
@@ -61,11 +63,17 @@ class LinkConfig:
 
 
 class LinkTrainer:
-    """Encoder, decoder and optimizer over a :class:`LinkTask`; :meth:`fit` keeps the best validation epoch."""
+    """Encoder, decoder and optimizer over a :class:`LinkTask`; :meth:`fit` keeps the best validation epoch.
+
+    With ``out``, rank 0 writes ``out/checkpoint.pt`` as the node trainer does (``config.checkpoint_every``,
+    ``config.on_checkpoint_error``), and ``config.resume`` continues from it.
+    """
 
     def __init__(self, graph: Graph, *, model_config: ModelConfig, sampler_config: SamplerConfig,
-                 config: TrainConfig, link: LinkConfig, cache_config: CacheConfig | None = None) -> None:
-        self.graph, self.world, self.config = graph, graph.world, config
+                 config: TrainConfig, link: LinkConfig, cache_config: CacheConfig | None = None,
+                 out: Path | None = None) -> None:
+        self.graph, self.world, self.config, self.out = graph, graph.world, config, out
+        self.checkpoints = None if out is None else CheckpointWriter(out / CHECKPOINT_NAME, config.on_checkpoint_error)
         split = split_edges(graph, num_val=link.val_fraction, num_test=link.test_fraction, seed=config.seed)
         self.task = LinkTask(graph, split, fanouts=sampler_config.fanouts, batch_size=config.batch_size,
                              num_negatives=link.num_negatives, negative_sampling=link.negative_sampling,
@@ -79,6 +87,7 @@ class LinkTrainer:
         self.encoder, self.decoder = self.world.wrap(encoder), self._wrap(decoder)
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
+        self.fingerprint = self._fingerprint(model_config, sampler_config, link)
 
     def _wrap(self, decoder: nn.Module) -> nn.Module:
         # A dot decoder has no parameters, and DDP refuses a module without any.
@@ -86,29 +95,60 @@ class LinkTrainer:
 
     def fit(self) -> TrainResult:
         """Train ``config.epochs`` epochs (early stop after ``patience`` evaluations without a better validation
-        ROC-AUC), then the test figures with the best epoch's weights."""
-        best, since, history, best_state = {"val": -math.inf, "epoch": 0}, 0, [], None
-        for epoch in range(1, self.config.epochs + 1):
-            start = time.perf_counter()
-            with seeded(self.config.seed * 1_000_003 + epoch, self.world.device):
-                loss = self.task.train_epoch(self.encoder, self.decoder, self.optimizer, epoch)
-            record: dict[str, Any] = {"epoch": epoch, "loss": loss, "epoch_seconds": time.perf_counter() - start}
-            val = self.task.evaluate(self.encoder, self.decoder, "val")
-            record.update(val=val["roc_auc"], val_link=val)
-            history.append(record)
-            since = 0 if val["roc_auc"] > best["val"] else since + 1
-            if since == 0:
-                best, best_state = {"val": val["roc_auc"], "epoch": epoch}, self._state()
-            if self.world.is_main:
-                log.info("epoch %3d  loss %.4f  %.2fs  val ROC-AUC %.4f  MRR %.4f  (best %.4f @ %d)", epoch, loss,
-                         record["epoch_seconds"], val["roc_auc"], val["mrr"], best["val"], best["epoch"])
-            if self.config.patience and since >= self.config.patience:
-                break
-        self._load(best_state)
+        ROC-AUC), then the test figures with the best epoch's weights.  With ``config.resume``, continue from the
+        run folder's checkpoint as the uninterrupted run would have."""
+        state = self._restore() if self.config.resume else FitState()
+        state = fit(state, epochs=self.config.epochs, patience=self.config.patience, score_key="val",
+                    train_epoch=self._epoch_record, snapshot=self._state, log_epoch=self._log_epoch,
+                    after_epoch=self._checkpoint)
+        self._load(state.best_state)
         self.test = self.task.evaluate(self.encoder, self.decoder, "test")
-        return TrainResult(metric="roc_auc", val=best["val"], test=self.test["roc_auc"], best_epoch=best["epoch"],
-                           epochs_run=len(history), train_seconds=sum(r["epoch_seconds"] for r in history),
-                           history=history)
+        best = state.best
+        return TrainResult(metric="roc_auc", val=best.get("val", -math.inf), test=self.test["roc_auc"],
+                           best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
+                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history)
+
+    def _epoch_record(self, epoch: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        with seeded(self.config.seed * 1_000_003 + epoch, self.world.device):
+            loss = self.task.train_epoch(self.encoder, self.decoder, self.optimizer, epoch)
+        record: dict[str, Any] = {"epoch": epoch, "loss": loss, "epoch_seconds": time.perf_counter() - start}
+        val = self.task.evaluate(self.encoder, self.decoder, "val")
+        return {**record, "val": val["roc_auc"], "val_link": val}
+
+    def _log_epoch(self, record: dict[str, Any], state: FitState) -> None:
+        if self.world.is_main:
+            log.info("epoch %3d  loss %.4f  %.2fs  val ROC-AUC %.4f  MRR %.4f  (best %.4f @ %d)", record["epoch"],
+                     record["loss"], record["epoch_seconds"], record["val"], record["val_link"]["mrr"],
+                     state.best["val"], state.best["epoch"])
+
+    def _checkpoint(self, state: FitState) -> None:
+        if self.world.is_main and self.checkpoints is not None and checkpoint_due(
+                state.epoch, every=self.config.checkpoint_every, epochs=self.config.epochs, stopped=state.stopped):
+            self.checkpoints.write({"model": self._state(), "optimizer": self.optimizer.state_dict(),
+                                    "fit": state.as_dict(), "fingerprint": self.fingerprint})
+
+    def _restore(self) -> FitState:
+        path = self.out / CHECKPOINT_NAME if self.out is not None else None
+        payload = restore_checkpoint(path, self.fingerprint, self.world.rank, self.world.runtime.sample_group)
+        if payload is None:
+            return FitState()
+        self._load(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        state = FitState(**payload["fit"])
+        if self.world.is_main:
+            log.info("resumed from epoch %d (best val ROC-AUC %.4f at epoch %d)", state.epoch,
+                     state.best.get("val", float("nan")), state.best.get("epoch", 0))
+        return state
+
+    def _fingerprint(self, model_config: ModelConfig, sampler_config: SamplerConfig,
+                     link: LinkConfig) -> dict[str, Any]:
+        """The settings a resumed run must share with the run that wrote the checkpoint."""
+        config = self.config
+        return {"task": "link", "num_nodes": self.graph.num_nodes, "world_size": self.world.size,
+                "split": self.graph.split, "model": repr(model_config), "link": repr(link),
+                "sampler": repr(sampler_config), "batch_size": config.batch_size, "lr": config.lr,
+                "seed": config.seed, "weight_decay": config.weight_decay, "wire_dtype": self.graph.wire_dtype}
 
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy({"encoder": self.encoder.state_dict(), "decoder": self.decoder.state_dict()})

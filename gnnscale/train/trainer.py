@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -50,7 +49,7 @@ from gnnscale.node_loader import NodeLoader
 from gnnscale.options import GRAD_SYNCS
 from gnnscale.progress import Progress
 from gnnscale.sampling import CacheConfig
-from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, load_checkpoint
+from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, checkpoint_due, restore_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit, seeded
 from gnnscale.train.gradclock import GradSumClock
 from gnnscale.world import World
@@ -415,34 +414,22 @@ class Trainer:
         log.info(line)
 
     def _checkpoint(self, state: FitState) -> None:
-        every, path = self.config.checkpoint_every, self._checkpoint_path()
-        if self.rank != 0 or path is None or not every:
+        if self.rank != 0 or self.checkpoints is None:
             return
-        if state.epoch % every == 0 or state.epoch == self.config.epochs or state.stopped:
+        if checkpoint_due(state.epoch, every=self.config.checkpoint_every, epochs=self.config.epochs,
+                          stopped=state.stopped):
             self.checkpoints.write({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                                     "fit": state.as_dict(), "fingerprint": self.fingerprint})
 
-    def _checkpoint_path(self) -> Path | None:
-        return self.out / CHECKPOINT_NAME if self.out is not None else None
-
     def _restore(self) -> FitState:
         """Rank 0 reads the checkpoint and broadcasts it (no shared file system is assumed)."""
-        path = self._checkpoint_path()
-        payload: list[Any] = [None]
-        if self.rank == 0 and path is not None and path.exists():
-            try:
-                payload[0] = load_checkpoint(path, self.fingerprint)
-            except ValueError as err:  # every rank must learn it, or the others wait in the broadcast
-                payload[0] = str(err)
-        if self.runtime.sample_group is not None:
-            dist.broadcast_object_list(payload, src=0, group=self.runtime.sample_group)
-        if isinstance(payload[0], str):
-            raise ValueError(payload[0])
-        if payload[0] is None:
+        path = self.out / CHECKPOINT_NAME if self.out is not None else None
+        payload = restore_checkpoint(path, self.fingerprint, self.rank, self.runtime.sample_group)
+        if payload is None:
             return FitState()
-        self.module.load_state_dict(payload[0]["model"])
-        self.optimizer.load_state_dict(payload[0]["optimizer"])
-        state = FitState(**payload[0]["fit"])
+        self.module.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        state = FitState(**payload["fit"])
         log.info("resumed from epoch %d (best val %.4f at epoch %d)", state.epoch, state.best.get("val", float("nan")),
                  state.best.get("epoch", 0))
         return state
