@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.batch import Block, LinkMiniBatch
+from gnnscale.batch import Block, LinkMiniBatch, MiniBatch
 from gnnscale.data.link_split import LinkSplit, random_link_split
 from gnnscale.distributed.feature_store import DistTable, edge_source_counts
 from gnnscale.graph import Graph
@@ -72,15 +72,18 @@ class LinkBatch:
         return self.batch.neg
 
 
-def remove_edges(structure: LocalGraph, edges: Tensor, num_nodes: int) -> LocalGraph:
-    """``structure`` without the directed ``edges`` int64 [2, k] (global ``(src, dst)``; others' edges ignored)."""
+def remove_edges(structure: LocalGraph, edges: Tensor, num_nodes: int, *, edge_ids: bool = False) -> LocalGraph:
+    """``structure`` without the directed ``edges`` int64 [2, k] (global ``(src, dst)``; others' edges ignored);
+    with ``edge_ids`` the kept edges keep their global ids (8 bytes per edge more), for edge features."""
     dst = torch.arange(structure.start, structure.start + structure.num_owned, dtype=torch.int64)
-    src, counts, _ = drop_excluded(dst, torch.from_numpy(structure.indices), structure.degree,
-                                   exclusion_keys(edges, num_nodes), num_nodes)
+    ids = structure.global_edge_ids(torch.arange(structure.indices.size, dtype=torch.int64)) if edge_ids else None
+    src, counts, kept_ids = drop_excluded(dst, torch.from_numpy(structure.indices), structure.degree,
+                                          exclusion_keys(edges, num_nodes), num_nodes, ids)
     indptr = np.zeros(structure.num_owned + 1, dtype=np.int64)
     np.cumsum(counts.numpy(), out=indptr[1:])
-    # Edge ids (positions in the stored edges) would shift: the loader samples no edge ids (edge features).
-    return LocalGraph(indptr, src.numpy().copy(), start=structure.start)
+    # The kept edges keep their global ids (edge features are looked up by them), no longer consecutive.
+    return LocalGraph(indptr, src.numpy().copy(), start=structure.start,
+                      edge_ids=None if kept_ids is None else kept_ids.numpy())
 
 
 class LinkLoader(EpochPasses):
@@ -103,6 +106,8 @@ class LinkLoader(EpochPasses):
             :class:`gnnscale.NodeLoader`'s.
         fill_cache: fill the graph's feature cache for this loader's batches; False leaves it as another
             loader filled it (an evaluation loader beside a training loader).
+        edge_features: give every block the features of its edges (``block.edge_attr``), as
+            :class:`gnnscale.NodeLoader` does; held-out edges keep their features' ids.
 
     Raises:
         ValueError: a bad argument, named in the message.
@@ -114,9 +119,12 @@ class LinkLoader(EpochPasses):
                  held_out: Tensor | None = None, shuffle: bool = True, seed: int = 0, self_loops: bool = False,
                  gcn_norm: bool = False, replace: bool = False, num_workers: int = 1, prefetch: int = 2,
                  cache: CacheConfig | None = None, device: torch.device | str | None = None,
-                 fill_cache: bool = True) -> None:
+                 fill_cache: bool = True, edge_features: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a gnnscale.Graph, got {type(graph).__name__}")
+        if edge_features and graph.edge_features is None:
+            raise ValueError("edge_features=True needs a graph with edge features (a dataset with edge_features, "
+                             "or Graph.from_arrays(..., edge_features=...))")
         self.graph, self.world = graph, graph.world
         self.edges = self._check_pairs(edges, "edges")
         held_out = None if held_out is None else self._check_pairs(held_out, "held_out")
@@ -126,7 +134,8 @@ class LinkLoader(EpochPasses):
             raise ValueError(f"negative_sampling must be one of {', '.join(NEGATIVE_MODES)}, got {negative_sampling!r}")
         if exclude not in EXCLUDE_MODES:
             raise ValueError(f"exclude must be one of {', '.join(EXCLUDE_MODES)}, got {exclude!r}")
-        config = SamplerConfig(fanouts=list(fanouts), self_loops=self_loops, gcn_norm=gcn_norm, replace=replace)
+        config = SamplerConfig(fanouts=list(fanouts), self_loops=self_loops, gcn_norm=gcn_norm, replace=replace,
+                               edge_ids=edge_features)
         probe = LoaderConfig(batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, seed=seed)
         if self.world.size > 1 and num_workers > 1:
             raise ValueError(f"num_workers={num_workers} needs a world of one: with {self.world.size} ranks sampling "
@@ -139,7 +148,8 @@ class LinkLoader(EpochPasses):
         negatives = None if num_negatives == 0 else NegativeSampler(
             graph.num_nodes, num_negatives, negative_sampling,  # type: ignore[arg-type]
             degrees=self._whole_degrees() if negative_sampling == "degree" else None)
-        self.link_sampler = LinkSampler(self.sampler.sample, self.edges, negatives, exclude)  # type: ignore[arg-type]
+        sample = self._sample_with_edge_features if edge_features else self.sampler.sample
+        self.link_sampler = LinkSampler(sample, self.edges, negatives, exclude)  # type: ignore[arg-type]
         fill = "feature cache left as it was"
         if fill_cache:
             fill = fill_feature_cache(graph, self.sampler, cache, self._cache_plan(batch_size, num_negatives, seed))
@@ -175,7 +185,7 @@ class LinkLoader(EpochPasses):
         graph = self.graph
         structure, replicated = graph.sampling_structure(cache.topology, cache.topology_budget_mb)
         if held_out is not None:
-            structure = remove_edges(structure, held_out, graph.num_nodes)
+            structure = remove_edges(structure, held_out, graph.num_nodes, edge_ids=config.edge_ids)
         degrees = None
         if config.gcn_norm and not replicated:
             # The message graph's own degrees (held-out edges removed), the halo's cached as NodeLoader does.
@@ -183,6 +193,11 @@ class LinkLoader(EpochPasses):
             degrees.fill_cache(edge_source_counts(structure.indices, graph.start, graph.end)[0])
         return DistNeighborSampler(structure, graph.offsets, self.world.exchanger, config, degrees,
                                    replicated=replicated)
+
+    def _sample_with_edge_features(self, seeds: Tensor, **options) -> MiniBatch:
+        batch = self.sampler.sample(seeds, **options)
+        self.graph.attach_edge_features(batch.blocks)  # a collective, on the loader's one thread, in batch order
+        return batch
 
     def _whole_degrees(self) -> Tensor:
         """int64 [num_nodes] in-degree of every node in the message graph (a collective on N ranks)."""

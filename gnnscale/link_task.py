@@ -41,7 +41,9 @@ class LinkTask:
         fanouts: training fanouts, input side first; evaluation takes every neighbour.
         batch_size: training seed edges per batch and rank (evaluation scores ``4 * batch_size`` pairs a batch).
         loader_args: passed to the training :class:`LinkLoader` (``num_negatives``, ``negative_sampling``,
-            ``exclude``, ``seed``, ``num_workers``, ``gcn_norm``, ``self_loops``, ``cache``, ``device`` ...).
+            ``exclude``, ``seed``, ``num_workers``, ``gcn_norm``, ``self_loops``, ``cache``, ``device``,
+            ``edge_features`` ...); the scorers take the same ``gcn_norm``, ``self_loops``, ``device``, ``cache``
+            and ``edge_features``.
     """
 
     def __init__(self, graph: Graph, split: LinkSplit, *, fanouts: Sequence[int], batch_size: int = 1024,
@@ -49,7 +51,8 @@ class LinkTask:
         self.graph, self.split = graph, split
         self.train = LinkLoader(graph, rank_share(split.train_pos, graph), fanouts=fanouts, batch_size=batch_size,
                                 held_out=torch.from_numpy(split.held_out("train")), **loader_args)
-        norm = {k: loader_args[k] for k in ("gcn_norm", "self_loops", "device", "cache") if k in loader_args}
+        norm = {k: loader_args[k] for k in ("gcn_norm", "self_loops", "device", "cache", "edge_features")
+                if k in loader_args}
         self.scorers = {stage: self._scorer(stage, len(fanouts), 4 * batch_size, norm) for stage in ("val", "test")}
 
     def _scorer(self, stage: str, num_layers: int, batch_size: int, norm: dict) -> tuple[LinkLoader, int]:

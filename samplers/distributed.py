@@ -40,15 +40,21 @@ class LocalGraph:
         indptr: int64 [n + 1] CSC offsets over owned local ids.
         indices: int64 [num_edges] source new global ids.
         start: new global id of local node 0.
+        edge_ids: int64 [num_edges] the global id of every stored edge, where they are not consecutive from
+            ``edge_start`` (a structure with some edges removed); None: consecutive.
     """
 
     def __init__(self, indptr: np.ndarray | Tensor, indices: np.ndarray | Tensor, *, start: int,
-                 edge_start: int = 0) -> None:
+                 edge_start: int = 0, edge_ids: np.ndarray | None = None) -> None:
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.start = start
         self.edge_start = edge_start
         """Global id of the first stored edge: edge ``i`` of ``indices`` is global edge ``edge_start + i``."""
+        self.edge_ids = None if edge_ids is None else torch.as_tensor(np.asarray(edge_ids, dtype=np.int64))
+        if self.edge_ids is not None and self.edge_ids.numel() != self.indices.size:
+            raise ValueError(f"edge_ids must hold one id per stored edge ({self.indices.size}), got "
+                             f"{self.edge_ids.numel()}")
         self.num_owned = self.indptr.size - 1
         self.degree = torch.from_numpy(self.indptr[1:] - self.indptr[:-1])
 
@@ -60,8 +66,14 @@ class LocalGraph:
         sampled = sample_in_edges(self.indptr, self.indices, global_dst.numpy() - self.start, fanout, replace, rng,
                                   with_edges=with_edges)
         if with_edges:
-            return sampled[0], sampled[1], sampled[2] + self.edge_start
+            return sampled[0], sampled[1], self.global_edge_ids(sampled[2])
         return sampled
+
+    def global_edge_ids(self, positions: Tensor) -> Tensor:
+        """int64 global ids of the stored edges at ``positions`` (indices into ``indices``)."""
+        if self.edge_ids is not None:
+            return self.edge_ids.index_select(0, positions)
+        return positions + self.edge_start
 
 
 def structure_bytes(num_nodes: int, num_edges: int) -> int:

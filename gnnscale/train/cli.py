@@ -375,7 +375,8 @@ def _fit_link(args: argparse.Namespace, part, runtime, out: Path, configs: tuple
     result = trainer.fit()
     if args.save_predictions:  # the encoder's embeddings, over the whole graph (test edges included)
         layerwise_inference(graph, trainer.encoder, batch_size=train_config.eval_batch_size,
-                            self_loops=sampler_config.self_loops, gcn_norm=sampler_config.gcn_norm).save(out / "predictions")
+                            self_loops=sampler_config.self_loops, gcn_norm=sampler_config.gcn_norm,
+                            edge_features=model_config.edge_features).save(out / "predictions")
     return result, {"test_link": trainer.test, "steps_per_epoch": len(trainer.task.train),
                     "wire_dtype": graph.wire_dtype}
 

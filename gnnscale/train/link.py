@@ -79,10 +79,12 @@ class LinkTrainer:
                              num_negatives=link.num_negatives, negative_sampling=link.negative_sampling,
                              exclude=link.exclude, seed=config.seed, gcn_norm=sampler_config.gcn_norm,
                              self_loops=sampler_config.self_loops, num_workers=min(config.num_workers, 1),
-                             cache=cache_config or CacheConfig())
+                             cache=cache_config or CacheConfig(), edge_features=model_config.edge_features)
         with torch.random.fork_rng(devices=[]):  # the same initial weights on every rank, the global RNG untouched
             torch.manual_seed(config.seed)
-            encoder = GNN(model_config, graph.feature_dim, model_config.hidden)
+            edges = graph.edge_features
+            encoder = GNN(model_config, graph.feature_dim, model_config.hidden,
+                          edges.row_shape[0] if model_config.edge_features and edges is not None else 0)
             decoder = make_decoder(link.decoder, model_config.hidden)
         self.encoder, self.decoder = self.world.wrap(encoder), self._wrap(decoder)
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
