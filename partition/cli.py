@@ -29,7 +29,8 @@ log = logging.getLogger("partition")
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gnnscale-partition",
-        description="Partition a graph for distributed training: METIS (multi-constraint) or random assignment, "
+        description="Partition a graph for distributed training: METIS (multi-constraint), KaMinPar or random "
+                    "assignment, "
                     "contiguous relabelling, halo lists, per-partition memory-mappable arrays and a checksummed "
                     "manifest, written atomically.",
         epilog="Check a folder with: gnnscale-partition verify DIR [--dataset ... to compare with the source]",
@@ -38,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("partitioning")
     group.add_argument("--num-parts", type=int, required=True, help="number of partitions K, 1 <= K <= nodes")
     group.add_argument("--out", type=Path, required=True, help="partition folder to create")
-    group.add_argument("--method", choices=METHODS, default="metis")
+    group.add_argument("--method", choices=METHODS, default="metis", help="metis: multi-constraint METIS; "
+                       "kaminpar: KaMinPar (needs gnnscale[kaminpar]), a similar cut in a fraction of the memory; "
+                       "random: seeded random assignment")
+    group.add_argument("--kaminpar-threads", type=int, default=1, help="threads of --method kaminpar (more than "
+                       "one: faster, but a seed no longer fixes the result)")
+    group.add_argument("--kaminpar-context", default="default", help="KaMinPar preset of --method kaminpar: "
+                       "default, fast, strong, terapart (compressed graph: least memory), eco, ...")
     group.add_argument("--balance", default=",".join(BALANCE_CONSTRAINTS),
                        help="METIS balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
                        + " (train: the training nodes of --split)")
@@ -92,7 +99,8 @@ def partition_main(argv: list[str], command: str) -> int:
         check_ranges(parser, args)
         config = PartitionConfig(num_parts=args.num_parts, method=args.method, balance=args.balance,
                                  halo_hops=args.halo_hops, seed=args.seed, split=args.split,
-                                 rebalance=not args.no_rebalance, part_weights=args.part_weights)
+                                 rebalance=not args.no_rebalance, part_weights=args.part_weights,
+                                 kaminpar_threads=args.kaminpar_threads, kaminpar_context=args.kaminpar_context)
         check_output(args.out, args.force)  # before a load that may take minutes
         check_out(args.out)
         monitor = StageMonitor(log.info)
