@@ -56,11 +56,12 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     labels, num_classes = check_labels(raw_labels, num_nodes, str(labels_path), num_classes)
 
     features_path = require_file(folder / "features.npy", "features", f"save the features with np.save; {_FORMAT_FIX}")
-    features = check_features(_load_npy(features_path, "features"), num_nodes, str(features_path))
-
+    # The edges first, and dropped once in CSC form: the raw list and the features are never held together.
     edge_path = _find_edge_file(folder)
     src, dst = _read_edges(edge_path)
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
+    del src, dst
+    features = check_features(_load_npy(features_path, "features"), num_nodes, str(features_path))
 
     mask_paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
     present = [path.is_file() for path in mask_paths]
