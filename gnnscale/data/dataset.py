@@ -15,6 +15,8 @@ from typing import Literal
 
 import numpy as np
 
+from gnnscale.data.pages import release_rows, row_chunks
+
 Metric = Literal["accuracy", "roc_auc"]
 
 
@@ -158,11 +160,14 @@ def check_features(features: np.ndarray, num_nodes: int, source: str, name: str 
             or features.dtype == np.bool_):
         raise fail(source, name, f"expected numbers, got dtype {features.dtype}", "store features as floats")
     features = features.astype(np.float32, copy=False)
-    finite = np.isfinite(features)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite.all(axis=1))[0])
-        raise fail(source, name, f"non-finite value (NaN or inf) in row {row}",
-                   "clean or impute the features before loading")
+    chunks = row_chunks(features)  # a bounded temporary; a memory-mapped file's pages released as checked
+    for lo in chunks:
+        finite = np.isfinite(features[lo:lo + chunks.step]).all(axis=1)
+        if not finite.all():
+            row = lo + int(np.flatnonzero(~finite)[0])
+            raise fail(source, name, f"non-finite value (NaN or inf) in row {row}",
+                       "clean or impute the features before loading")
+        release_rows(features, lo, lo + chunks.step)
     return features
 
 

@@ -13,7 +13,10 @@
     DIR/test_mask.npy
 
 Without masks a deterministic random 60/20/20 split is drawn from ``seed``.
-Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects is refused.
+Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects is refused.  A float32
+``features.npy`` stays memory-mapped (read-only): its pages are read when a pass reaches them and
+handed back to the page cache after it (:mod:`gnnscale.data.pages`), so a large one is never resident
+as a whole.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     src, dst = _read_edges(edge_path)
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
     del src, dst
-    features = check_features(_load_npy(features_path, "features"), num_nodes, str(features_path))
+    # Memory-mapped read-only: pages are read as passes reach them and released after (gnnscale.data.pages).
+    features = check_features(_load_npy(features_path, "features", mmap=True), num_nodes, str(features_path))
 
     mask_paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
     present = [path.is_file() for path in mask_paths]
@@ -82,7 +86,12 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     )
 
 
-def _load_npy(path: Path, field_name: str) -> np.ndarray:
+def _load_npy(path: Path, field_name: str, *, mmap: bool = False) -> np.ndarray:
+    if mmap:
+        try:
+            return np.load(path, allow_pickle=False, mmap_mode="r")
+        except ValueError:  # an empty array or objects cannot be mapped: read it, which names the problem
+            pass
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as err:  # object arrays under allow_pickle=False, or a non-.npy file
