@@ -128,3 +128,16 @@ def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ValueError, match=r"needs the kaminpar package.*install gnnscale\[kaminpar\]") as err:
         PartitionConfig(num_parts=2, method="kaminpar")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_benchmark_prints_the_side_by_side_table(tmp_path: Path) -> None:
+    """Smoke run of scripts/bench_partition_methods.py on a tiny graph: it asserts nothing about speed."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_partition_methods.py"), "--num-nodes", "2000",
+                           "--avg-degree", "6", "--feat-dim", "4", "--contexts", "fast", "--datasets", "", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "kaminpar:fast / metis: peak_rss_gib" in proc.stdout and "rebalance pass" in proc.stdout
+    report = json.loads(out.read_text())
+    assert set(report["summary"]) == {"metis", "kaminpar:fast"} and report["runs"]["metis"][0]["verified"]
