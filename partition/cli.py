@@ -47,13 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--kaminpar-context", default="default", help="KaMinPar preset of --method kaminpar: "
                        "default, fast, strong, terapart (compressed graph: least memory), eco, ...")
     group.add_argument("--balance", default=",".join(BALANCE_CONSTRAINTS),
-                       help="METIS balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
-                       + " (train: the training nodes of --split)")
+                       help="balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
+                       + " (train: the training nodes of --split); METIS gets one weight column each, KaMinPar "
+                       "their sum, and the rebalance pass holds each within 1.03")
     group.add_argument("--part-weights", metavar="W0,W1,...", help="relative partition sizes, one positive number "
                        "per partition (e.g. 1,2: partition 1 twice partition 0, for a rank twice as fast); every "
                        "--balance constraint targets these shares; None = equal")
-    group.add_argument("--no-rebalance", action="store_true", help="keep METIS' assignment even where it misses "
-                       "its balance tolerance (1.03 per constraint): smaller cut, worse balance")
+    group.add_argument("--no-rebalance", action="store_true", help="keep METIS' (or KaMinPar's) assignment even "
+                       "where it misses its balance tolerance (1.03 per constraint): smaller cut, worse balance")
     group.add_argument("--halo-hops", type=int, default=1, help="list non-owned nodes within this many in-hops")
     group.add_argument("--force", action="store_true", help="replace an existing partition folder (only once "
                        "the new one is complete)")

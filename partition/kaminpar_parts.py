@@ -29,8 +29,8 @@ from partition.config import PartitionConfig
 
 log = logging.getLogger("partition")
 
-INSTALL_HINT = ("install gnnscale[kaminpar] (pip install 'kaminpar==3.7.3'; wheels for Python 3.11-3.13 on Linux x86_64 "
-                "and aarch64, macOS arm64)")
+INSTALL_HINT = ("install gnnscale[kaminpar] (pip install 'kaminpar==3.7.3'; wheels for Python 3.11-3.13 on "
+                "Linux x86_64 and aarch64, macOS arm64)")
 _CHUNK = 1 << 22  # adjacency entries converted and written at a time: 16 MiB of int32
 
 

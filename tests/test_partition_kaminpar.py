@@ -110,7 +110,8 @@ def test_bad_context_and_threads_are_one_line_errors(tmp_path: Path) -> None:
         PartitionConfig(num_parts=2, method="kaminpar", kaminpar_threads=0)
     out = tmp_path / "never"
     proc = subprocess.run([sys.executable, "-m", "partition", "--dataset", "synthetic", "--num-nodes", "200",
-                           "--num-parts", "2", "--method", "kaminpar", "--kaminpar-context", "bogus", "--out", str(out)],
+                           "--num-parts", "2", "--method", "kaminpar", "--kaminpar-context", "bogus",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("error: --kaminpar-context 'bogus' is not a KaMinPar context") and not out.exists()
@@ -135,7 +136,8 @@ def test_benchmark_prints_the_side_by_side_table(tmp_path: Path) -> None:
     """Smoke run of scripts/bench_partition_methods.py on a tiny graph: it asserts nothing about speed."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_partition_methods.py"), "--num-nodes", "2000",
-                           "--avg-degree", "6", "--feat-dim", "4", "--contexts", "fast", "--datasets", "", "--out", str(out)],
+                           "--avg-degree", "6", "--feat-dim", "4", "--contexts", "fast", "--datasets", "",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "kaminpar:fast / metis: peak_rss_gib" in proc.stdout and "rebalance pass" in proc.stdout
