@@ -105,8 +105,8 @@ def partition_main(argv: list[str], command: str) -> int:
         check_output(args.out, args.force)  # before a load that may take minutes
         check_out(args.out)
         monitor = StageMonitor(log.info)
-        with monitor.stage("load"):
-            dataset = dataset_from_args(args)
+        with monitor.stage("load"):  # features read page by page when written, never all resident
+            dataset = dataset_from_args(args, map_features=True)
         log.info("loaded %r", dataset)
         manifest = partition_graph(dataset, args.out, config, force=args.force, command=command, monitor=monitor)
     except (ValueError, OSError) as exc:  # bad input, a dataset that fails to load, an existing --out
@@ -126,7 +126,7 @@ def verify_main(argv: list[str]) -> int:
     args = build_verify_parser().parse_args(argv)
     _setup_output(args.quiet)
     try:
-        dataset = dataset_from_args(args) if args.dataset is not None else None
+        dataset = dataset_from_args(args, map_features=True) if args.dataset is not None else None
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -46,9 +46,10 @@ def test_chunked_feature_check_names_the_first_bad_row_and_edgelist_features_are
     features[250_001, 3] = np.nan
     with pytest.raises(DatasetError, match=r"non-finite value \(NaN or inf\) in row 250001;"):
         check_features(features, 300_000, "x")
-    dataset = load_edgelist(edgelist_dir)
-    assert not dataset.features.flags.writeable  # memory-mapped, read-only
-    np.testing.assert_array_equal(dataset.features, np.load(edgelist_dir / "features.npy"))
+    mapped = load_edgelist(edgelist_dir, mmap_features=True)
+    assert not mapped.features.flags.writeable  # memory-mapped, read-only
+    np.testing.assert_array_equal(mapped.features, np.load(edgelist_dir / "features.npy"))
+    assert load_edgelist(edgelist_dir).features.flags.writeable  # by default in memory, as training wants
 
 
 def test_csc_build_in_place_equals_the_obvious_one() -> None:
