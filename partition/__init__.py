@@ -10,7 +10,8 @@
 
 Pipeline (one line of progress per stage): **load** the dataset; **metis**: multi-constraint
 k-way METIS on the symmetrised graph (one vertex-weight column per ``--balance`` constraint,
-then :mod:`partition.rebalance` where METIS misses its 1.03 tolerance) or a seeded random
+then :mod:`partition.rebalance` where METIS misses its 1.03 tolerance), or **kaminpar**: the same
+with KaMinPar (:mod:`partition.kaminpar_parts`, one combined node weight), or a seeded random
 assignment; **relabel**: partition ``p`` gets the contiguous new global ids ``[start_p, end_p)``,
 nodes keeping their original relative order; **write** each partition's arrays, streamed in
 chunks and hashed while written; **checksum**: finish the hashes and write the manifest.  The

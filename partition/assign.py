@@ -1,4 +1,4 @@
-"""Assign every node to a partition: multi-constraint METIS (through pymetis) or seeded random.
+"""Assign every node to a partition: multi-constraint METIS (through pymetis), KaMinPar, or seeded random.
 
 METIS wants an undirected graph: a symmetric CSR adjacency without self loops.  Our CSC
 (in-edges grouped by destination) of a symmetric graph *is* that CSR, so for the usual
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def assign_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.nda
                      ",".join(config.balance))
         return random_parts(dataset.num_nodes, config.num_parts, config.seed, _shares(config)), \
             {"method": "random", "balance": []}
-    return metis_parts(dataset, config)
+    return metis_parts(dataset, config)  # METIS or KaMinPar
 
 
 def random_parts(num_nodes: int, num_parts: int, seed: int, shares: np.ndarray | None = None) -> np.ndarray:
@@ -54,15 +55,49 @@ def random_parts(num_nodes: int, num_parts: int, seed: int, shares: np.ndarray |
 
 
 def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndarray, dict]:
-    """METIS k-way partition of the symmetrised graph with one vertex-weight column per constraint,
-    then (``config.rebalance``) :func:`~partition.rebalance.rebalance` where METIS misses its tolerance;
-    with ``config.part_weights`` every constraint's tolerance is relative to each partition's share."""
-    import pymetis  # noqa: PLC0415 - only this method needs it
-
+    """Partition ``dataset`` with ``config.method`` (METIS or KaMinPar) through :func:`partition_csr`: the
+    symmetrised graph, one vertex-weight column per ``--balance`` constraint."""
     xadj, adjncy = metis_adjacency(dataset.indptr, dataset.indices)
     weights, used = vertex_weights(dataset, config.balance, config.split)
+    return partition_csr(xadj, adjncy, weights, used, config)
+
+
+def partition_csr(xadj: np.ndarray, adjncy: np.ndarray, weights: np.ndarray, used: tuple[str, ...],
+                  config: PartitionConfig, scratch_dir: str | Path | None = None) -> tuple[np.ndarray, dict]:
+    """The seam every graph partitioner goes through: k-way partition a symmetric CSR without self loops
+    with ``config.method`` (``"metis"`` or ``"kaminpar"``), then (``config.rebalance``)
+    :func:`~partition.rebalance.rebalance` where the partitioner misses the tolerance ``1 + ufactor/1000``;
+    with ``config.part_weights`` every constraint's tolerance is relative to each partition's share.
+
+    The arrays may be memory-mapped (an on-disk CSR): they are read, never written.
+
+    Args:
+        xadj, adjncy: int64 symmetric CSR adjacency without self loops (:func:`metis_adjacency`).
+        weights: int64 [N, ncon] vertex weights, one column per constraint in ``used``.
+        scratch_dir: where KaMinPar's graph file is written (and removed); None: the system's temporary folder.
+
+    Returns:
+        ``(parts, info)``: int64 [N], and the facts for the manifest (method, options, the partitioner's
+        own cut and balance, nodes moved by the rebalance pass).
+    """
     shares = _shares(config)
-    tolerance = 1 + config.ufactor / 1000
+    if config.method == "kaminpar":
+        from partition.kaminpar_parts import kaminpar_parts  # noqa: PLC0415 - an optional dependency
+
+        parts, info = kaminpar_parts(xadj, adjncy, weights, config, shares, scratch_dir)
+    else:
+        parts, info = _pymetis_parts(xadj, adjncy, weights, config, shares)
+    own_balance = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
+    parts, moved = _rebalance_if_needed(parts, weights, xadj, adjncy, config, shares, own_balance)
+    return parts, {"method": config.method, "balance": list(used), "split": config.split, **info,
+                   f"{config.method}_balance": own_balance, "rebalanced_nodes": moved}
+
+
+def _pymetis_parts(xadj: np.ndarray, adjncy: np.ndarray, weights: np.ndarray, config: PartitionConfig,
+                   shares: np.ndarray | None) -> tuple[np.ndarray, dict]:
+    """METIS k-way (pymetis) with one vertex-weight column per constraint; its options and cut for the manifest."""
+    import pymetis  # noqa: PLC0415 - only this method needs it
+
     options = pymetis.Options(seed=config.seed, ufactor=config.ufactor, niter=config.niter)
     # k-way rather than pymetis' default for K <= 8 (recursive bisection): on the 1M-node
     # benchmark graph k-way is about a quarter faster and cuts 13.8% of edges instead of 14.8%.
@@ -77,27 +112,31 @@ def metis_parts(dataset: GraphDataset, config: PartitionConfig) -> tuple[np.ndar
                                     vweights=combined_weights(weights), tpwgts=shares.tolist(), recursive=False,
                                     options=options)
     parts = np.asarray(result.vertex_part, dtype=np.int64)
-    metis_balance = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
+    return parts, {"metis_options": {"ufactor": config.ufactor, "niter": config.niter, "seed": config.seed,
+                                     "objective": "edge cut", "scheme": "k-way"},
+                   "metis_cut_undirected_edges": int(result.edge_cuts)}
+
+
+def _rebalance_if_needed(parts: np.ndarray, weights: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
+                         config: PartitionConfig, shares: np.ndarray | None,
+                         own_balance: dict[str, float]) -> tuple[np.ndarray, int]:
+    """:func:`~partition.rebalance.rebalance` where the partitioner left a constraint outside its band; logs it."""
+    tolerance = 1 + config.ufactor / 1000
     # Weighted shares are kept from below too: a partition short of its share is a fast rank left idle.
     floor = 0.0 if shares is None else 2 - tolerance
     below = shares is not None and share_ratios(parts, weights, config.num_parts, shares).min() < floor
-    moved = 0
-    if config.rebalance and (max(metis_balance.values()) > tolerance or below):
-        parts, moved = rebalance(parts, weights, xadj, adjncy, config.num_parts, tolerance, shares=shares,
-                                 floor=floor)
-        reached = dict(zip(used, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
-        if shares is None:
-            log.info("METIS left balance %s, above its tolerance %.3f: moved %d nodes to reach %s", metis_balance,
-                     tolerance, moved, reached)
-        else:
-            log.info("METIS left max achieved/requested share %s, outside [%.3f, %.3f]: moved %d nodes to reach %s",
-                     metis_balance, floor, tolerance, moved, reached)
-    info = {"method": "metis", "balance": list(used), "split": config.split,
-            "metis_options": {"ufactor": config.ufactor, "niter": config.niter, "seed": config.seed,
-                              "objective": "edge cut", "scheme": "k-way"},
-            "metis_cut_undirected_edges": int(result.edge_cuts), "metis_balance": metis_balance,
-            "rebalanced_nodes": moved}
-    return parts, info
+    if not (config.rebalance and (max(own_balance.values()) > tolerance or below)):
+        return parts, 0
+    parts, moved = rebalance(parts, weights, xadj, adjncy, config.num_parts, tolerance, shares=shares, floor=floor)
+    reached = dict(zip(own_balance, np.round(max_over_mean(parts, weights, config.num_parts, shares), 4).tolist()))
+    name = "METIS" if config.method == "metis" else "KaMinPar"
+    if shares is None:
+        log.info("%s left balance %s, above its tolerance %.3f: moved %d nodes to reach %s", name, own_balance,
+                 tolerance, moved, reached)
+    else:
+        log.info("%s left max achieved/requested share %s, outside [%.3f, %.3f]: moved %d nodes to reach %s", name,
+                 own_balance, floor, tolerance, moved, reached)
+    return parts, moved
 
 
 def max_over_mean(parts: np.ndarray, weights: np.ndarray, num_parts: int,

@@ -29,7 +29,8 @@ log = logging.getLogger("partition")
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gnnscale-partition",
-        description="Partition a graph for distributed training: METIS (multi-constraint) or random assignment, "
+        description="Partition a graph for distributed training: METIS (multi-constraint), KaMinPar or random "
+                    "assignment, "
                     "contiguous relabelling, halo lists, per-partition memory-mappable arrays and a checksummed "
                     "manifest, written atomically.",
         epilog="Check a folder with: gnnscale-partition verify DIR [--dataset ... to compare with the source]",
@@ -38,15 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("partitioning")
     group.add_argument("--num-parts", type=int, required=True, help="number of partitions K, 1 <= K <= nodes")
     group.add_argument("--out", type=Path, required=True, help="partition folder to create")
-    group.add_argument("--method", choices=METHODS, default="metis")
+    group.add_argument("--method", choices=METHODS, default="metis", help="metis: multi-constraint METIS; "
+                       "kaminpar: KaMinPar (needs gnnscale[kaminpar]), a similar cut in a fraction of the memory; "
+                       "random: seeded random assignment")
+    group.add_argument("--kaminpar-threads", type=int, default=1, help="threads of --method kaminpar (more than "
+                       "one: faster, but a seed no longer fixes the result)")
+    group.add_argument("--kaminpar-context", default="default", help="KaMinPar preset of --method kaminpar: "
+                       "default, fast, strong, terapart (compressed graph: least memory), eco, ...")
     group.add_argument("--balance", default=",".join(BALANCE_CONSTRAINTS),
-                       help="METIS balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
-                       + " (train: the training nodes of --split)")
+                       help="balance constraints, comma-separated subset of " + ",".join(BALANCE_CONSTRAINTS)
+                       + " (train: the training nodes of --split); METIS gets one weight column each, KaMinPar "
+                       "their sum, and the rebalance pass holds each within 1.03")
     group.add_argument("--part-weights", metavar="W0,W1,...", help="relative partition sizes, one positive number "
                        "per partition (e.g. 1,2: partition 1 twice partition 0, for a rank twice as fast); every "
                        "--balance constraint targets these shares; None = equal")
-    group.add_argument("--no-rebalance", action="store_true", help="keep METIS' assignment even where it misses "
-                       "its balance tolerance (1.03 per constraint): smaller cut, worse balance")
+    group.add_argument("--no-rebalance", action="store_true", help="keep METIS' (or KaMinPar's) assignment even "
+                       "where it misses its balance tolerance (1.03 per constraint): smaller cut, worse balance")
     group.add_argument("--halo-hops", type=int, default=1, help="list non-owned nodes within this many in-hops")
     group.add_argument("--force", action="store_true", help="replace an existing partition folder (only once "
                        "the new one is complete)")
@@ -92,12 +100,13 @@ def partition_main(argv: list[str], command: str) -> int:
         check_ranges(parser, args)
         config = PartitionConfig(num_parts=args.num_parts, method=args.method, balance=args.balance,
                                  halo_hops=args.halo_hops, seed=args.seed, split=args.split,
-                                 rebalance=not args.no_rebalance, part_weights=args.part_weights)
+                                 rebalance=not args.no_rebalance, part_weights=args.part_weights,
+                                 kaminpar_threads=args.kaminpar_threads, kaminpar_context=args.kaminpar_context)
         check_output(args.out, args.force)  # before a load that may take minutes
         check_out(args.out)
         monitor = StageMonitor(log.info)
-        with monitor.stage("load"):
-            dataset = dataset_from_args(args)
+        with monitor.stage("load"):  # features read page by page when written, never all resident
+            dataset = dataset_from_args(args, map_features=True)
         log.info("loaded %r", dataset)
         manifest = partition_graph(dataset, args.out, config, force=args.force, command=command, monitor=monitor)
     except (ValueError, OSError) as exc:  # bad input, a dataset that fails to load, an existing --out
@@ -117,7 +126,7 @@ def verify_main(argv: list[str]) -> int:
     args = build_verify_parser().parse_args(argv)
     _setup_output(args.quiet)
     try:
-        dataset = dataset_from_args(args) if args.dataset is not None else None
+        dataset = dataset_from_args(args, map_features=True) if args.dataset is not None else None
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
-METHODS = ("metis", "random")
+METHODS = ("metis", "kaminpar", "random")
 BALANCE_CONSTRAINTS = ("nodes", "train", "edges")
 """``nodes``: one unit per node; ``train``: one per training node (of split ``split``);
 ``edges``: a node's stored in-degree, i.e. the edges its partition stores."""
@@ -18,8 +18,10 @@ class PartitionConfig:
 
     num_parts: int
     """Number of partitions K, in ``[1, num_nodes]`` (checked against the graph when it runs)."""
-    method: Literal["metis", "random"] = "metis"
-    """``"metis"``: multi-constraint k-way METIS, minimising the edge cut.  ``"random"``: a seeded
+    method: Literal["metis", "kaminpar", "random"] = "metis"
+    """``"metis"``: multi-constraint k-way METIS, minimising the edge cut.  ``"kaminpar"``: KaMinPar
+    (the optional ``kaminpar`` package, ``gnnscale[kaminpar]``), minimising the edge cut with one
+    combined node weight in far less memory, then the same rebalance pass.  ``"random"``: a seeded
     random assignment with exactly balanced node counts (train and edge counts balance only
     statistically); a baseline, and a fallback for graphs METIS cannot take."""
     balance: tuple[str, ...] = BALANCE_CONSTRAINTS
@@ -43,6 +45,12 @@ class PartitionConfig:
     """Move nodes after METIS until every constraint is within ``1 + ufactor/1000`` of its mean
     (:mod:`partition.rebalance`); with ``part_weights``, within ``1 -/+ ufactor/1000`` of each partition's
     share.  Off keeps METIS' smaller cut and worse balance.  Not used by ``"random"``."""
+    kaminpar_threads: int = 1
+    """Threads KaMinPar uses (``"kaminpar"`` only); >= 1.  With one thread a seed gives one partition;
+    with more, KaMinPar's result may differ from run to run."""
+    kaminpar_context: str = "default"
+    """KaMinPar's preset (``"kaminpar"`` only): ``default``, ``fast``, ``strong``, ``terapart`` (the graph
+    compressed in memory: least memory), ... (all of ``kaminpar.context_names()``)."""
     part_weights: tuple[float, ...] | None = None
     """Relative size of each partition, one positive finite number per partition (e.g. ``(1, 2)``:
     partition 1 gets twice the nodes, training nodes and edges of partition 0, for a rank twice
@@ -57,7 +65,7 @@ class PartitionConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.rebalance, bool):
             raise TypeError(f"PartitionConfig.rebalance must be a bool, got {self.rebalance!r}")
-        for name in ("num_parts", "halo_hops", "seed", "split", "ufactor", "niter"):
+        for name in ("num_parts", "halo_hops", "seed", "split", "ufactor", "niter", "kaminpar_threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"PartitionConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -83,6 +91,12 @@ class PartitionConfig:
             raise ValueError(f"ufactor must be in [1, 1000] (thousandths of imbalance), got {self.ufactor}")
         if self.niter < 1:
             raise ValueError(f"niter must be >= 1, got {self.niter}")
+        if self.kaminpar_threads < 1:
+            raise ValueError(f"--kaminpar-threads must be >= 1, got {self.kaminpar_threads}")
+        if self.method == "kaminpar":  # before a load that may take minutes: installed, and a known context
+            from partition.kaminpar_parts import check_context  # noqa: PLC0415 - imports the optional package
+
+            check_context(self.kaminpar_context)
         if self.part_weights is not None:
             text = weights_text(self.part_weights)  # once: a generator can be read only once
             self.part_weights = normalised_weights(text, self.num_parts)

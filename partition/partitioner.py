@@ -77,7 +77,7 @@ def partition_graph(dataset: GraphDataset, out_dir: str | Path, config: Partitio
 def _assign_and_relabel(dataset: GraphDataset, config: PartitionConfig,
                         monitor: StageMonitor) -> tuple[PartitionBook, np.ndarray, dict]:
     """The partition book, the new-to-original id map, and what the assignment reports (METIS cut, balance)."""
-    with monitor.stage("metis" if config.method == "metis" and config.num_parts > 1 else "assign"):
+    with monitor.stage(config.method if config.method != "random" and config.num_parts > 1 else "assign"):
         parts, assign_info = assign_parts(dataset, config)
     check_assignment(config, parts, dataset.split(config.split)[0], dataset.name)
     with monitor.stage("relabel"):

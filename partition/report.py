@@ -130,7 +130,7 @@ def format_report(manifest: dict) -> str:
         f"edge cut: {quality['edge_cut_fraction']:.2%} of {manifest['num_edges']:,} stored edges "
         f"({quality['num_cut_edges']:,} cross partitions)",
         f"balance max/{'requested share' if shares else 'mean'}: {balance}"
-        + ("   (* = METIS constraint)" if constrained else ""),
+        + ("   (* = --balance constraint)" if constrained else ""),
         f"halo (H={manifest['halo_hops']}): replication factor (owned + halo) / owned = "
         f"{quality['replication_factor']:.3f}",
     ]

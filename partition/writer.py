@@ -19,6 +19,7 @@ from gnnscale.data.dataset import GraphDataset
 from partition.book import PartitionBook
 from partition.format import MANIFEST, ArrayWriter, part_file
 from partition.halo import expand_halo
+from gnnscale.data.pages import release_rows
 from partition.segments import gather_segments, node_chunks
 
 _FEATURE_CHUNK_BYTES = 16 << 20
@@ -82,7 +83,11 @@ def _write_node_data(dataset: GraphDataset, part: int, owned: np.ndarray, writer
                            dataset.features.dtype)
     rows = max(1, _FEATURE_CHUNK_BYTES // max(1, dataset.features.dtype.itemsize * dataset.num_features))
     for lo in range(0, owned.shape[0], rows):
-        features.append(dataset.features[owned[lo:lo + rows]])
+        chunk = owned[lo:lo + rows]
+        features.append(dataset.features[chunk])
+        # Memory-mapped features (an edge-list folder's) go back to the page cache once copied: owned ids
+        # ascend, so the pages between this chunk's first and last row are done with.
+        release_rows(dataset.features, int(chunk[0]), int(chunk[-1]) + 1)
     features.close()
     writer.write(part_file(part, "labels"), dataset.labels[owned])
     if dataset.edge_features is not None:

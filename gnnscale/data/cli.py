@@ -36,8 +36,9 @@ def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str | Non
     syn.add_argument("--feat-dim", type=int, default=100)
 
 
-def dataset_from_args(args: argparse.Namespace) -> GraphDataset:
-    """Load the dataset named by the options of :func:`add_dataset_arguments`.
+def dataset_from_args(args: argparse.Namespace, *, map_features: bool = False) -> GraphDataset:
+    """Load the dataset named by the options of :func:`add_dataset_arguments`; ``map_features``: an edge-list
+    folder's features stay memory-mapped read-only (:func:`gnnscale.data.edgelist.load_edgelist`).
 
     Raises:
         ValueError: ``--dataset`` is missing, or needs ``--data-dir`` and got none.
@@ -52,4 +53,5 @@ def dataset_from_args(args: argparse.Namespace) -> GraphDataset:
                             num_classes=args.num_classes, feat_dim=args.feat_dim, seed=args.seed)
     if args.data_dir is None:
         raise ValueError(f"--dataset {args.dataset} needs --data-dir pointing at its files")
-    return load_dataset(args.dataset, args.data_dir)
+    return load_dataset(args.dataset, args.data_dir,
+                        **({"mmap_features": True} if map_features and args.dataset == "edgelist" else {}))

@@ -15,6 +15,8 @@ from typing import Literal
 
 import numpy as np
 
+from gnnscale.data.pages import release_rows, row_chunks
+
 Metric = Literal["accuracy", "roc_auc"]
 
 
@@ -158,11 +160,14 @@ def check_features(features: np.ndarray, num_nodes: int, source: str, name: str 
             or features.dtype == np.bool_):
         raise fail(source, name, f"expected numbers, got dtype {features.dtype}", "store features as floats")
     features = features.astype(np.float32, copy=False)
-    finite = np.isfinite(features)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite.all(axis=1))[0])
-        raise fail(source, name, f"non-finite value (NaN or inf) in row {row}",
-                   "clean or impute the features before loading")
+    chunks = row_chunks(features)  # a bounded temporary; a memory-mapped file's pages released as checked
+    for lo in chunks:
+        finite = np.isfinite(features[lo:lo + chunks.step]).all(axis=1)
+        if not finite.all():
+            row = lo + int(np.flatnonzero(~finite)[0])
+            raise fail(source, name, f"non-finite value (NaN or inf) in row {row}",
+                       "clean or impute the features before loading")
+        release_rows(features, lo, lo + chunks.step)
     return features
 
 
@@ -215,6 +220,30 @@ MAX_KEYED_NODES = 3_037_000_499
 """The most nodes whose edge keys ``dst * num_nodes + src`` fit int64 (``floor(sqrt(2**63 - 1))``)."""
 
 
+_NODE_CHUNK = 1 << 16  # destinations whose keys are turned into sources at a time
+
+
+def _drop_repeats(key: np.ndarray) -> np.ndarray:
+    """Sorted int64 ``key`` without repeated values: compacted in place, chunk by chunk (each chunk is written
+    at or before where it was read), then shrunk; ``key`` itself when nothing repeats."""
+    size = key.shape[0]
+    if not np.any(key[1:] == key[:-1]):
+        return key
+    write, last = 0, None
+    for lo in range(0, size, 1 << 20):
+        block = key[lo:lo + (1 << 20)]
+        keep = np.empty(block.shape[0], dtype=bool)
+        keep[0] = last is None or block[0] != last
+        np.not_equal(block[1:], block[:-1], out=keep[1:])
+        last = block[-1].item()
+        kept = block[keep]
+        key[write:write + kept.shape[0]] = kept
+        write += kept.shape[0]
+    del block, kept  # no view of the old buffer outlives the realloc
+    key.resize(write, refcheck=False)  # realloc: shrinks in place, the tail returned to the allocator
+    return key
+
+
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,
                    remove_self_loops: bool = True, dedup: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Build CSC ``(indptr, indices)`` from COO edges, vectorised.
@@ -238,8 +267,9 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
         if not keep.all():
             src, dst = src[keep], dst[keep]
     # One int64 key per edge, dst-major: sorting groups in-edges by destination and makes
-    # duplicates adjacent.  Built, sorted and reduced in place (no concatenated copies of
-    # src/dst, no np.unique copy): about half the time and memory of the obvious version.
+    # duplicates adjacent.  Built, sorted, reduced and turned into sources in place (no concatenated
+    # copies of src/dst, no copy for the deduplicated keys, per-chunk temporaries only): the keys are
+    # the one edge-sized array this function allocates.
     num = src.shape[0]
     key = np.empty(2 * num if symmetrize else num, dtype=np.int64)
     np.multiply(dst, num_nodes, out=key[:num])
@@ -247,15 +277,17 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
     if symmetrize:
         np.multiply(src, num_nodes, out=key[num:])
         key[num:] += dst
-    key.sort(kind="stable")  # timsort: linear on the sorted runs edge lists often hold
+    # Integers need no stable sort: numpy's in-place quicksort (SIMD where the CPU has it) took 0.43 s
+    # for 19M keys here, timsort 1.68 s and a buffer of half the keys.
+    key.sort()
     if dedup and key.size:
-        fresh = np.empty(key.shape[0], dtype=bool)
-        fresh[0] = True
-        np.not_equal(key[1:], key[:-1], out=fresh[1:])
-        key = key[fresh]
+        key = _drop_repeats(key)
     # Destination v's keys are [v * N, (v + 1) * N): offsets by binary search, then sources
     # by subtracting each key's destination (cheaper than an integer division per edge).
     indptr = np.searchsorted(key, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
     indices = key
-    indices -= np.repeat(np.arange(num_nodes, dtype=np.int64) * num_nodes, np.diff(indptr))
+    for lo in range(0, num_nodes, _NODE_CHUNK):
+        hi = min(num_nodes, lo + _NODE_CHUNK)
+        indices[indptr[lo]:indptr[hi]] -= np.repeat(np.arange(lo, hi, dtype=np.int64) * num_nodes,
+                                                     np.diff(indptr[lo:hi + 1]))
     return indptr, indices

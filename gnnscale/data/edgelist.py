@@ -13,7 +13,10 @@
     DIR/test_mask.npy
 
 Without masks a deterministic random 60/20/20 split is drawn from ``seed``.
-Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects is refused.
+Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects is refused.  With
+``mmap_features`` (the partition command's choice) a float32 ``features.npy`` stays memory-mapped
+(read-only): its pages are read when a pass reaches them and handed back to the page cache after it
+(:mod:`gnnscale.data.pages`), so a large one is never resident as a whole.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ _MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 
 
 def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 0,
-                  num_classes: int | None = None, name: str | None = None) -> GraphDataset:
+                  num_classes: int | None = None, name: str | None = None,
+                  mmap_features: bool = False) -> GraphDataset:
     """Load a graph from an edge-list folder.
 
     Args:
@@ -40,6 +44,9 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
         seed: seed of the random 60/20/20 split, used only when no mask files exist.
         num_classes: number of classes; defaults to max label + 1.
         name: dataset name for logs; defaults to the folder name.
+        mmap_features: keep a float32 ``features.npy`` memory-mapped read-only, its pages released after each
+            pass (what ``python -m partition`` does: the features are then never resident as a whole); off,
+            they are read into memory, writable, as training wants them.
 
     Returns:
         A :class:`GraphDataset` with self loops and duplicate edges removed.
@@ -56,11 +63,14 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     labels, num_classes = check_labels(raw_labels, num_nodes, str(labels_path), num_classes)
 
     features_path = require_file(folder / "features.npy", "features", f"save the features with np.save; {_FORMAT_FIX}")
-    features = check_features(_load_npy(features_path, "features"), num_nodes, str(features_path))
-
+    # The edges first, and dropped once in CSC form: the raw list and the features are never held together.
     edge_path = _find_edge_file(folder)
     src, dst = _read_edges(edge_path)
     indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
+    del src, dst
+    # Memory-mapped read-only where asked: pages are read as passes reach them and released after them.
+    features = check_features(_load_npy(features_path, "features", mmap=mmap_features), num_nodes,
+                              str(features_path))
 
     mask_paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
     present = [path.is_file() for path in mask_paths]
@@ -81,7 +91,12 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     )
 
 
-def _load_npy(path: Path, field_name: str) -> np.ndarray:
+def _load_npy(path: Path, field_name: str, *, mmap: bool = False) -> np.ndarray:
+    if mmap:
+        try:
+            return np.load(path, allow_pickle=False, mmap_mode="r")
+        except ValueError:  # an empty array or objects cannot be mapped: read it, which names the problem
+            pass
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as err:  # object arrays under allow_pickle=False, or a non-.npy file
