@@ -15,30 +15,20 @@ import pytest
 import torch
 
 from distributed_helpers import run_ranks
-from gnnscale.data.temporal import TemporalEvents, chronological_split
+from gnnscale.data.temporal import chronological_split
 from gnnscale.temporal import MemoryConfig, TGNConfig
 from gnnscale.temporal.sharded import partition_interactions
 from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
+from test_temporal_distributed import stream
 
 DROPOUT = 0.3
 """High, so that a mask drawn differently moves the loss well beyond the tolerance."""
 
 
-def stream(num_events: int = 1200, num_nodes: int = 100) -> TemporalEvents:
-    """Users returning to a few favourite items, with repeated times."""
-    rng = np.random.default_rng(7)
-    users = rng.integers(0, num_nodes // 2, num_events)
-    favourite = rng.integers(num_nodes // 2, num_nodes, num_nodes // 2)
-    items = np.where(rng.random(num_events) < 0.7, favourite[users], rng.integers(num_nodes // 2, num_nodes, num_events))
-    t = np.sort(rng.integers(0, 2500, num_events)).astype(np.float64)
-    return TemporalEvents(src=users.astype(np.int64), dst=items.astype(np.int64), t=t, edge_features=None,
-                          labels=None, num_nodes=num_nodes, name="toy")
-
-
 def train(runtime=None, dropout: float = DROPOUT) -> dict:
     """Two epochs at K = 0 (event cut-off, the default); the global loss of every training step (this
     rank's share: the shares sum to it) and the final memory of every node this rank holds."""
-    events = stream()
+    events = stream(num_events=1200, num_nodes=100, seed=7)  # users returning to a few favourite items
     split = chronological_split(events, seed=0)
     owner = None
     if runtime is not None:
@@ -92,6 +82,8 @@ def test_sharded_k0_with_dropout_is_the_single_process_run(single):
     steps = single["losses"].size
     assert steps == 2 * single["batches"] >= 20 and all(rank["losses"].size == steps for rank in ranks)
     # Each rank's loss is its share of the global batch's mean: the sum is the global loss.
+    print(f"max |loss difference| over {steps} steps: {np.abs(ranks[0]['losses'] + ranks[1]['losses'] - single['losses']).max():.3g}; "
+          f"max |memory difference|: {max(np.abs(r['memory'] - single['memory'][r['held']]).max() for r in ranks):.3g}")
     np.testing.assert_allclose(ranks[0]["losses"] + ranks[1]["losses"], single["losses"], atol=1e-9, rtol=0)
     assert np.all(ranks[0]["losses"] != 0) and np.all(ranks[1]["losses"] != 0)  # both ranks computed events
     for rank in ranks:
