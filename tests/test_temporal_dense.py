@@ -33,7 +33,8 @@ def test_the_dense_stream_is_deterministic_sorted_bipartite_and_dense():
         np.testing.assert_array_equal(getattr(first, name), getattr(again, name))
     other = generate_dense_stream(DenseStreamConfig(num_nodes=400, num_events=40_000, seed=4))
     assert not np.array_equal(first.dst, other.dst)
-    assert first.num_events == 40_000 and first.num_nodes == 400 and first.t[0] == 0.0 and first.name == "dense-synthetic"
+    assert first.num_events == 40_000 and first.num_nodes == 400 and first.name == "dense-synthetic"
+    assert first.t[0] == 0.0
     assert np.all(np.diff(first.t) > 0)
     assert first.src.max() < 200 <= first.dst.min() and first.dst.max() < 400  # users, then items
     per_node = np.bincount(np.concatenate([first.src, first.dst]), minlength=400)

@@ -82,8 +82,9 @@ def test_sharded_k0_with_dropout_is_the_single_process_run(single):
     steps = single["losses"].size
     assert steps == 2 * single["batches"] >= 20 and all(rank["losses"].size == steps for rank in ranks)
     # Each rank's loss is its share of the global batch's mean: the sum is the global loss.
-    print(f"max |loss difference| over {steps} steps: {np.abs(ranks[0]['losses'] + ranks[1]['losses'] - single['losses']).max():.3g}; "
-          f"max |memory difference|: {max(np.abs(r['memory'] - single['memory'][r['held']]).max() for r in ranks):.3g}")
+    loss_gap = np.abs(ranks[0]["losses"] + ranks[1]["losses"] - single["losses"]).max()
+    memory_gap = max(np.abs(rank["memory"] - single["memory"][rank["held"]]).max() for rank in ranks)
+    print(f"max |loss difference| over {steps} steps: {loss_gap:.3g}; max |memory difference|: {memory_gap:.3g}")
     np.testing.assert_allclose(ranks[0]["losses"] + ranks[1]["losses"], single["losses"], atol=1e-9, rtol=0)
     assert np.all(ranks[0]["losses"] != 0) and np.all(ranks[1]["losses"] != 0)  # both ranks computed events
     for rank in ranks:
