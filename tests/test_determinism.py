@@ -88,3 +88,18 @@ def test_link_training_is_reproducible() -> None:
     for first, again in zip(results[0][1], results[1][1]):
         assert torch.equal(first, again)
 
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="the order only varies with more than one intra-op thread")
+def test_temporal_attention_gradients_are_reproducible() -> None:
+    """TGN's attention gathers each distinct neighbour's projected memory into every slot that holds it."""
+    from gnnscale.temporal.tgn import TemporalAttention, TGNConfig
+
+    torch.manual_seed(0)
+    layer = TemporalAttention(32, 0, 16, TGNConfig(embedding_dim=32, heads=2, dropout=0.0))
+    batch, slots, distinct = 8000, 10, 300  # every neighbour row in about 270 slots
+    index = torch.randint(0, distinct, (batch, slots))
+    own, code, pair = torch.randn(batch, 32), torch.randn(batch, 16), torch.randn(batch, slots, 16)
+    mask = torch.rand(batch, slots) < 0.9
+    _assert_identical(_gradients(layer, torch.randn(distinct, 32),
+                                 lambda m, memory: m(own, code, memory, index, pair, mask)))

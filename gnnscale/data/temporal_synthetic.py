@@ -45,10 +45,7 @@ class TemporalStreamConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        users = int(self.num_nodes * self.user_fraction)
-        if users < 1 or self.num_nodes - users < 1:
-            raise ValueError(f"num_nodes={self.num_nodes} with user_fraction={self.user_fraction} leaves no users "
-                             "or no items; give at least 2 nodes and a user_fraction in (0, 1)")
+        check_users(self.num_nodes, self.user_fraction)
         for name in ("num_events", "num_communities", "favourites"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -60,6 +57,15 @@ class TemporalStreamConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.mean_session < 1:
             raise ValueError(f"mean_session must be >= 1 event, got {self.mean_session}")
+
+
+def check_users(num_nodes: int, user_fraction: float) -> int:
+    """The number of users of a bipartite stream of ``num_nodes`` nodes; refused unless it leaves users and items."""
+    users = int(num_nodes * user_fraction)
+    if users < 1 or num_nodes - users < 1:
+        raise ValueError(f"num_nodes={num_nodes} with user_fraction={user_fraction} leaves no users "
+                         "or no items; give at least 2 nodes and a user_fraction in (0, 1)")
+    return users
 
 
 def _draw(cumulative: np.ndarray, low: np.ndarray, high: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -22,7 +22,8 @@ from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, run_com
 
 log = logging.getLogger("gnnscale.temporal")
 
-DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz", "synthetic")
+DATASETS = ("wikipedia", "collegemsg", "csv", "snap", "npz", "synthetic", "dense-synthetic")
+GENERATED = ("synthetic", "dense-synthetic")
 
 
 def _add_model_options(model: argparse._ArgumentGroup) -> None:
@@ -105,10 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wikipedia/collegemsg: the dataset folder (default: ../shared/datasets/<dataset>); csv: "
                            "a JODIE-layout file u,i,ts,label[,features]; snap: 'src dst time' lines; npz: arrays "
                            "src, dst, t [, edge_features, labels]; synthetic: a generated stream of bursty users and "
-                           "communities (--num-nodes, --num-events, --seed)")
+                           "communities (--num-nodes, --num-events, --seed); dense-synthetic: a generated dense "
+                           "stream, few nodes with long histories and drifting interests (same options)")
     add_section(parser, "data", group=data)
-    data.add_argument("--num-nodes", type=int, default=100_000, help="synthetic: users plus items")
-    data.add_argument("--num-events", type=int, default=2_000_000, help="synthetic: events in the stream")
+    data.add_argument("--num-nodes", type=int, default=None, help="synthetic, dense-synthetic: users plus items "
+                      "(default 100,000 and 800)")
+    data.add_argument("--num-events", type=int, default=None, help="synthetic, dense-synthetic: events in the stream "
+                      "(default 2,000,000 and 80,000)")
     data.add_argument("--new-node-fraction", type=float, default=0.1, help="share of the nodes appearing after the "
                       "validation cut held out of training (inductive evaluation)")
     _add_model_options(parser.add_argument_group("model"))
@@ -148,11 +152,25 @@ NO_EFFECT = (
     NoEffect("--grad-dtype", _one_process, "a world of one sums no gradients"),
     NoEffect("--wire-dtype", _memory_groups, "each rank holds every node memory: no memory row crosses ranks"),
     NoEffect("--failure-timeout", _one_process, "a world of one has no other rank to wait for"),
-    NoEffect("--num-nodes", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
-    NoEffect("--num-events", lambda args, _: args.dataset != "synthetic", "only --dataset synthetic is generated"),
-    NoEffect("--data-dir", lambda args, _: args.dataset == "synthetic", "--dataset synthetic is generated"),
+    NoEffect("--num-nodes", lambda args, _: args.dataset not in GENERATED, "only --dataset synthetic and "
+             "dense-synthetic are generated"),
+    NoEffect("--num-events", lambda args, _: args.dataset not in GENERATED, "only --dataset synthetic and "
+             "dense-synthetic are generated"),
+    NoEffect("--data-dir", lambda args, _: args.dataset in GENERATED, f"--dataset {'/'.join(GENERATED)} is generated"),
 )
 """Given options that cannot matter for the run: :func:`main` warns about each (rank 0 only)."""
+
+
+def generated_stream(args: argparse.Namespace):
+    """The stream of ``--dataset synthetic`` or ``dense-synthetic``, sized by ``--num-nodes``/``--num-events``
+    where given, else by its config's defaults."""
+    from gnnscale.data.temporal_dense import DenseStreamConfig, generate_dense_stream
+    from gnnscale.data.temporal_synthetic import TemporalStreamConfig, generate_temporal_stream
+
+    config, generate = (TemporalStreamConfig, generate_temporal_stream) if args.dataset == "synthetic" else \
+        (DenseStreamConfig, generate_dense_stream)
+    sizes = {name: getattr(args, name) for name in ("num_nodes", "num_events") if getattr(args, name) is not None}
+    return generate(config(**sizes, seed=args.seed))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -163,14 +181,11 @@ def run(args: argparse.Namespace) -> dict:
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     path = args.data_dir
-    if path is None and args.dataset not in ("wikipedia", "collegemsg", "synthetic"):
+    if path is None and args.dataset not in ("wikipedia", "collegemsg", *GENERATED):
         raise ValueError(f"--dataset {args.dataset} needs --data-dir FILE")
     start = time.perf_counter()
-    if args.dataset == "synthetic":
-        from gnnscale.data.temporal_synthetic import TemporalStreamConfig, generate_temporal_stream
-
-        events = generate_temporal_stream(TemporalStreamConfig(num_nodes=args.num_nodes, num_events=args.num_events,
-                                                               seed=args.seed))
+    if args.dataset in GENERATED:
+        events = generated_stream(args)
     else:
         events = load_temporal(args.dataset, path if path is not None else
                                Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / args.dataset)

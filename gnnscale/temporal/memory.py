@@ -202,7 +202,8 @@ class MemoryView:
         return torch.searchsorted(self.nodes, ids).clamp(max=max(self.nodes.numel() - 1, 0))
 
     def rows(self, ids: Tensor) -> Tensor:
-        return self.memory[self.index(ids)]
+        # index_select, not [index]: the memory needs grad, and index_select's backward is deterministic.
+        return self.memory.index_select(0, self.index(ids))
 
     def detach(self) -> "MemoryView":
         return MemoryView(self.nodes, self.memory.detach(), self.last_update)

@@ -62,6 +62,17 @@ class Neighborhood:
     """bool: False marks padding."""
 
 
+@dataclass
+class DropoutMasks:
+    """Dropout of one batch's embeddings, drawn ahead (:meth:`TGN.dropout_masks`): keep masks already
+    scaled by ``1 / (1 - p)``."""
+
+    attention: Tensor
+    """[B, heads, 1, k]: on the attention weights over each query's past events."""
+    merge: Tensor
+    """[B, embedding_dim]: on the merge MLP's hidden layer."""
+
+
 class TemporalAttention(nn.Module):
     """One layer of TGN's graph attention embedding (the module docstring's attention), then a merge MLP.
 
@@ -85,15 +96,19 @@ class TemporalAttention(nn.Module):
                                    nn.Dropout(config.dropout), nn.Linear(config.embedding_dim, config.embedding_dim))
 
     def forward(self, self_state: Tensor, query_time_code: Tensor, neighbor_memory: Tensor, neighbor_index: Tensor,
-                pair_features: Tensor, mask: Tensor) -> Tensor:
+                pair_features: Tensor, mask: Tensor, dropout: DropoutMasks | None = None) -> Tensor:
         """``self_state`` [B, d_mem], ``query_time_code`` [B, d_time]; ``neighbor_memory`` [U, d_mem] rows of
         the distinct neighbours and ``neighbor_index`` [B, k] which row each slot is; ``pair_features``
-        [B, k, d_edge + d_time]; ``mask`` [B, k] (False: padding)."""
+        [B, k, d_edge + d_time]; ``mask`` [B, k] (False: padding).  ``dropout``: masks drawn ahead, applied
+        instead of drawing here (training, as one process would draw them, on any share of a batch)."""
         batch, slots = mask.shape
         heads = self.heads
         query = self.query(torch.cat([self_state, query_time_code], dim=1))
         width = query.shape[1]
-        key_value = self.key_value_memory(neighbor_memory)[neighbor_index] + self.key_value_pair(pair_features)
+        # index_select, not [index]: its backward (index_add_) sums repeated rows in a fixed order.
+        projected = self.key_value_memory(neighbor_memory)
+        key_value = projected.index_select(0, neighbor_index.reshape(-1)).view(batch, slots, -1) + \
+            self.key_value_pair(pair_features)
         key, value = key_value.split(width, dim=-1)
         query = query.view(batch, heads, 1, width // heads)
         key = key.view(batch, slots, heads, width // heads).transpose(1, 2)
@@ -102,10 +117,19 @@ class TemporalAttention(nn.Module):
         empty = ~mask.any(dim=1)
         allowed = mask.clone()
         allowed[empty, 0] = True
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed[:, None, None, :],
-                                             dropout_p=self.dropout if self.training else 0.0)
+        if dropout is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed[:, None, None, :],
+                                                 dropout_p=self.dropout if self.training else 0.0)
+        else:  # SDPA's own dropout, with the given mask
+            scores = (query @ key.transpose(-2, -1)) * (width // heads) ** -0.5
+            scores = scores.masked_fill(~allowed[:, None, None, :], float("-inf"))
+            out = (torch.softmax(scores, dim=-1) * dropout.attention) @ value
         out = self.out(out.reshape(batch, width)).masked_fill(empty.unsqueeze(1), 0.0)
-        return self.merge(torch.cat([out, self_state], dim=1))
+        merged = torch.cat([out, self_state], dim=1)
+        if dropout is None:
+            return self.merge(merged)
+        first, relu, _, last = self.merge
+        return last(relu(first(merged)) * dropout.merge)
 
 
 class LinkPredictor(nn.Module):
@@ -149,11 +173,29 @@ class TGN(nn.Module):
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
 
+    def dropout_masks(self, rows: int, slots: int, keep: Tensor) -> DropoutMasks | None:
+        """Dropout masks of a *global* batch of ``rows`` queries over ``slots`` past events each, drawn from
+        torch's generator in one fixed order, then the rows ``keep`` (int64) of the ones this rank embeds.
+
+        Every rank of a sharded run draws the whole batch's masks from the same generator state, so each
+        query gets the mask it gets in one process, whichever rank computes it (drawn per rank on its
+        share, the masks, hence the run, depended on the number of ranks).  ``None`` outside training or
+        without dropout; nothing is drawn then."""
+        p = self.embedding.dropout
+        if not self.training or p == 0.0:
+            return None
+        weight = self.predictor.mlp[0].weight
+        attention = torch.rand(rows, self.embedding.heads, 1, slots, device=weight.device)
+        merge = torch.rand(rows, self.embedding.merge[0].out_features, device=weight.device)
+        scale = 1.0 / (1.0 - p)
+        return DropoutMasks(*(((m.index_select(0, keep) >= p) * scale).to(weight.dtype) for m in (attention, merge)))
+
     def embed(self, memory: MemoryView, nodes: Tensor, times: Tensor, neighborhood: Neighborhood,
-              edge_features: Tensor | None) -> Tensor:
+              edge_features: Tensor | None, dropout: DropoutMasks | None = None) -> Tensor:
         """Embeddings float [B, embedding_dim] of ``nodes`` at ``times`` (float64 [B]).  ``memory`` is the
         updated memory of the nodes and their neighbours (``self.memory.updated()``); ``edge_features``
-        float [E, edge_dim] is indexed by the neighbourhood's event ids."""
+        float [E, edge_dim] is indexed by the neighbourhood's event ids; ``dropout``: this batch's masks
+        (:meth:`dropout_masks`), else (training) dropout draws its own."""
         encoder = self.memory.time_encoder
         dtype = memory.memory.dtype
         dt = (times.unsqueeze(1) - neighborhood.times).to(dtype).clamp(min=0.0)
@@ -166,7 +208,7 @@ class TGN(nn.Module):
         own, neighbors = memory.rows(nodes), memory.rows(distinct)
         if self.static is not None:
             own, neighbors = own + self.static(nodes).to(dtype), neighbors + self.static(distinct).to(dtype)
-        return self.embedding(own, query_code, neighbors, index, torch.cat(pair, dim=-1), neighborhood.mask)
+        return self.embedding(own, query_code, neighbors, index, torch.cat(pair, dim=-1), neighborhood.mask, dropout)
 
     def optimizers(self, lr: float) -> list[torch.optim.Optimizer]:
         """Adam over the dense parameters, and SparseAdam over the static memory if there is one."""

@@ -11,8 +11,10 @@ On several ranks (under torchrun) every rank walks the same global batches: each
 of the batch's events, chosen by source owner (``event_split``; :class:`ShardedMemory` holds the
 node memory by owner), the gradients are summed across ranks (the loss is a sum over the rank's
 events divided by the global batch size, so the sum is the single-process mean), and every rank
-draws the same negatives.  With ``staleness=0``, recent-neighbour sampling and no dropout, the run
-is the single-process run up to float rounding (tested).  That is ``parallelism="sharded"``.
+draws the same negatives and the whole batch's dropout masks (keeping its events' rows).  With
+``staleness=0`` and recent-neighbour sampling the run is the single-process run up to float rounding,
+dropout included: the same loss every step and the same memory (tests/test_temporal_equivalence.py).
+That is ``parallelism="sharded"``.
 
 With ``parallelism="memory"`` (DistTGL's memory parallelism) every rank is a *memory group*: it
 holds a whole node memory of its own and trains on its own contiguous segment of the training
@@ -309,7 +311,11 @@ class TemporalLinkTrainer:
         needed = torch.cat([nodes, neighborhood.neighbors[neighborhood.mask]])
         self.shard.read(needed)
         view = self.model.memory.updated(needed)
-        return self.model.embed(view, nodes, times, neighborhood, self.edge_features), view
+        # The whole batch's dropout masks, drawn alike on every rank; this rank's rows of [src; dst; negatives].
+        rows = (positions[None, :] + count * np.arange(3 + eval_negatives)[:, None]).ravel()
+        dropout = self.model.dropout_masks(count * (3 + eval_negatives), self.config.num_neighbors,
+                                           torch.from_numpy(rows).to(self.device))
+        return self.model.embed(view, nodes, times, neighborhood, self.edge_features, dropout), view
 
     def _step(self, batch: np.ndarray, sampler, event_map, rng: np.random.Generator, *, train: bool,
               eval_negatives: int = 0, sync: bool = True) -> dict[str, Tensor]:
