@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gnnscale import memory
 from gnnscale.graph import Graph
 from gnnscale.link_loader import split_edges
 from gnnscale.link_task import LinkTask
@@ -79,6 +80,13 @@ class LinkTrainer:
         self.encoder, self.decoder = self.world.wrap(encoder), self._wrap(decoder)
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
+        self.memory = {"start": self._memory_report("start")}
+
+    def _memory_report(self, moment: str) -> dict[str, Any]:
+        """Every rank's memory account (a collective), logged by rank 0."""
+        loaders = [self.task.train, *(loader for loader, _ in self.task.scorers.values())]
+        return memory.report(self.graph, moment, loaders=loaders, model=nn.ModuleList([self.encoder, self.decoder]),
+                             optimizer=self.optimizer)
 
     def _wrap(self, decoder: nn.Module) -> nn.Module:
         # A dot decoder has no parameters, and DDP refuses a module without any.
@@ -106,9 +114,10 @@ class LinkTrainer:
                 break
         self._load(best_state)
         self.test = self.task.evaluate(self.encoder, self.decoder, "test")
+        self.memory["end"] = self._memory_report("end")
         return TrainResult(metric="roc_auc", val=best["val"], test=self.test["roc_auc"], best_epoch=best["epoch"],
                            epochs_run=len(history), train_seconds=sum(r["epoch_seconds"] for r in history),
-                           history=history)
+                           history=history, memory=self.memory)
 
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy({"encoder": self.encoder.state_dict(), "decoder": self.decoder.state_dict()})
