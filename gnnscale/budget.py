@@ -70,6 +70,9 @@ class GraphBudget:
     features_mb: float
     features_mapped: bool
     hot_rows: int
+    release_mb: float
+    """A mapped table's pages leave the RSS after about this many MiB were read: the share resident features would
+    have had, less the hot cache (at least 16)."""
     left_mb: float
     """What the graph leaves to its loaders."""
     decisions: list[str] = field(default_factory=list)
@@ -103,8 +106,12 @@ def plan_graph(part: Any, budget_mb: float, rank: int = 0) -> GraphBudget:
                          f"but already in memory (not read from a partition folder): resident")
     else:
         decisions.append(f"owned features {features:.1f} MiB: resident")
+    release_mb = max(16.0, FEATURE_SHARE * left - held) if mapped else 0.0
+    if mapped:
+        decisions.append(f"mapped pages released after about {release_mb:.1f} MiB read")
     return GraphBudget(budget_mb=budget_mb, minimum_mb=minimum, features_mb=features, features_mapped=mapped,
-                       hot_rows=hot_rows, left_mb=max(0.0, left - held), decisions=decisions)
+                       hot_rows=hot_rows, release_mb=release_mb, left_mb=max(0.0, left - held - release_mb),
+                       decisions=decisions)
 
 
 def slot_rows(num_nodes: int, num_edges: int, batch_size: int, fanouts: list[int]) -> int:

@@ -166,7 +166,8 @@ class Graph:
                 raise ValueError(f"features stored as {part.features.dtype} cannot stay memory-mapped (float32 only): "
                                  f"raise memory_budget to hold them in memory, or store float32 features")
             return MappedTable(mapped, self.offsets, self.world.exchanger, wire_dtype=self.wire_dtype,
-                               hot=hot_order(self.structure.degree), hot_rows=self.budget.hot_rows)
+                               hot=hot_order(self.structure.degree), hot_rows=self.budget.hot_rows,
+                               release_mb=self.budget.release_mb)
         return DistTable(torch.from_numpy(resident(part.features, np.float32)), self.offsets, self.world.exchanger,
                          wire_dtype=self.wire_dtype)
 

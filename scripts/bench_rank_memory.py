@@ -8,7 +8,10 @@ One graph (the community-structured synthetic one), partitioned by ``python -m p
 with ``OMP_NUM_THREADS=1``; while it runs, every process of it (torchrun's ranks) has its RSS polled from /proc
 (the peak RSS of each process is also its VmHWM, which metrics.json's memory account records).  Runs:
 
-* ``bare``: an interpreter that imported torch and gnnscale's trainer (what every rank holds before any data);
+* ``bare``: an interpreter that imported torch and gnnscale's trainer (issue 28's baseline);
+* ``empty`` and ``empty4``: the ``one`` and ``four`` runs on a 2,000-node graph of the same kind: what a process
+  of a run holds whatever the data (libraries loaded while training, the process group, threads), the second
+  baseline;
 * ``one``: 1 process on the 1-part folder;
 * ``four``: 4 ranks, ``--topology partitioned --cache-mb 0``;
 * ``mapped``: ``one`` with ``--memory-budget`` just above the partition's minimum, so the owned features stay
@@ -16,7 +19,7 @@ with ``OMP_NUM_THREADS=1``; while it runs, every process of it (torchrun's ranks
 * ``four-budget``: 4 ranks with the defaults and ``--memory-budget`` a quarter of ``one``'s peak above ``bare``.
 
 Reported: the 4 ranks' peak RSS above ``bare``, summed, over ``one``'s (target <= 1.3); ``one``'s peak above
-``bare`` over its folder's bytes (target <= 2); ``mapped``'s median epoch time over ``one``'s and whether their
+``bare`` over its folder's bytes (target <= 2); both again above the ``empty`` runs instead of ``bare``; ``mapped``'s median epoch time over ``one``'s and whether their
 accuracies are identical.  Times on a shared host are noisy: the ratio is of medians over epochs after the first.
 """
 
@@ -59,15 +62,25 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def poll_peaks(command: list[str], timeout: float) -> tuple[dict[int, int], str]:
-    """Run ``command``; the peak RSS (bytes) of each of its processes, polled every 50 ms, and its output.
+def anon_bytes(pid: int) -> int:
+    """RssAnon of process ``pid`` (bytes): its RSS less file pages (libraries, memory maps), 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next((int(line.split()[1]) * 1024 for line in handle if line.startswith("RssAnon:")), 0)
+    except OSError:
+        return 0
+
+
+def poll_peaks(command: list[str], timeout: float) -> tuple[dict[int, int], dict[int, int], str]:
+    """Run ``command``; the peak RSS and peak anonymous RSS (bytes) of each of its processes, polled every 50 ms,
+    and its output.
 
     Raises:
         RuntimeError: the command failed or ran past ``timeout``.
     """
     with tempfile.TemporaryFile() as output:
         proc = subprocess.Popen(command, env=_env(), stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
-        root, peaks, deadline = psutil.Process(proc.pid), {}, time.monotonic() + timeout
+        root, peaks, anon, deadline = psutil.Process(proc.pid), {}, {}, time.monotonic() + timeout
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 proc.kill()
@@ -75,6 +88,7 @@ def poll_peaks(command: list[str], timeout: float) -> tuple[dict[int, int], str]
             try:
                 for child in [root, *root.children(recursive=True)]:
                     peaks[child.pid] = max(peaks.get(child.pid, 0), child.memory_info().rss)
+                    anon[child.pid] = max(anon.get(child.pid, 0), anon_bytes(child.pid))
             except psutil.Error:  # a process ended between the listing and the read
                 pass
             time.sleep(0.05)
@@ -82,7 +96,7 @@ def poll_peaks(command: list[str], timeout: float) -> tuple[dict[int, int], str]
         text = output.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{text[-3000:]}")
-    return peaks, text
+    return peaks, anon, text
 
 
 def bare_peak() -> int:
@@ -93,9 +107,9 @@ def bare_peak() -> int:
                               check=True).stdout.strip())
 
 
-def partition(args: argparse.Namespace, parts: int, folder: Path) -> Path:
+def partition(args: argparse.Namespace, parts: int, folder: Path, num_nodes: int | None = None) -> Path:
     if not (folder / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "partition", "--num-nodes", str(args.num_nodes), "--avg-degree",
+        subprocess.run([sys.executable, "-m", "partition", "--num-nodes", str(num_nodes or args.num_nodes), "--avg-degree",
                         str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--num-parts", str(parts), "--out",
                         str(folder), "--quiet", "--force"], env=_env(), check=True, cwd=ROOT, capture_output=True)
     return folder
@@ -113,19 +127,25 @@ def train(args: argparse.Namespace, name: str, folder: Path, ranks: int, extra: 
     command = [*launch, str(ROOT / "scripts" / "train_node_classification.py"), "--partitions", str(folder), *MODEL,
                "--epochs", str(args.epochs), "--eval-every", str(args.epochs), "--out", str(out), *extra]
     started = time.perf_counter()
-    peaks, _ = poll_peaks(command, args.timeout)
+    peaks, anon, _ = poll_peaks(command, args.timeout)
     metrics = json.loads((out / "metrics.json").read_text())
     account = metrics["memory"]["end"]
     hwm = [r["peak_rss_mib"] for r in account["ranks"]]
     # torchrun's agent is the launch process; the ranks are the processes whose peaks match no agent.
-    polled = sorted(peaks.values(), reverse=True)[:ranks] if ranks == 1 else \
-        sorted((v for pid, v in peaks.items() if pid != min(peaks)), reverse=True)[:ranks]
+    ranks_pids = sorted(peaks, key=peaks.get, reverse=True)[:ranks] if ranks == 1 else \
+        sorted((pid for pid in peaks if pid != proc_pid(peaks)), key=peaks.get, reverse=True)[:ranks]
     epochs = [h["epoch_seconds"] for h in metrics["history"]]
     return {"name": name, "ranks": ranks, "command": " ".join(["python", *command[1:]]),
-            "peak_rss_mib": hwm, "polled_peak_rss_mib": [round(v / MIB, 1) for v in polled],
+            "peak_rss_mib": hwm, "polled_peak_rss_mib": [round(peaks[p] / MIB, 1) for p in ranks_pids],
+            "polled_peak_anon_mib": [round(anon[p] / MIB, 1) for p in ranks_pids],
             "epoch_seconds": epochs, "median_epoch_s": statistics.median(epochs[1:] or epochs),
             "val": metrics["val"], "test": metrics["test"], "wall_s": round(time.perf_counter() - started, 1),
             "account": account}
+
+
+def proc_pid(peaks: dict[int, int]) -> int:
+    """The launch process (torchrun's agent): the first started, the smallest pid of a fresh run."""
+    return min(peaks)
 
 
 def mapped_budget(folder: Path) -> float:
@@ -149,11 +169,19 @@ def summarise(bare: float, folder: int, runs: dict[str, dict]) -> dict:
     one, four, mapped = runs["one"], runs["four"], runs["mapped"]
     above_one = one["peak_rss_mib"][0] - bare
     above_four = sum(p - bare for p in four["peak_rss_mib"])
+    data_one = one["peak_rss_mib"][0] - runs["empty"]["peak_rss_mib"][0]
+    data_four = sum(p - e for p, e in zip(four["peak_rss_mib"], runs["empty4"]["peak_rss_mib"]))
     return {"bare_mib": bare, "one_folder_mib": round(folder / MIB, 1), "one_above_bare_mib": round(above_one, 1),
             "four_above_bare_sum_mib": round(above_four, 1), "sum_ratio": round(above_four / above_one, 2),
-            "folder_ratio": round(above_one / (folder / MIB), 2),
+            "folder_ratio": round(above_one / (folder / MIB), 2), "one_above_empty_mib": round(data_one, 1),
+            "four_above_empty_sum_mib": round(data_four, 1), "sum_ratio_empty": round(data_four / data_one, 2),
+            "folder_ratio_empty": round(data_one / (folder / MIB), 2),
             "mapped_time_ratio": round(mapped["median_epoch_s"] / one["median_epoch_s"], 2),
             "mapped_accuracy_identical": (mapped["val"], mapped["test"]) == (one["val"], one["test"]),
+            "one_peak_anon_mib": one["polled_peak_anon_mib"][0], "mapped_peak_anon_mib": mapped["polled_peak_anon_mib"][0],
+            "four_peak_anon_sum_mib": round(sum(four["polled_peak_anon_mib"]), 1),
+            "empty_peak_anon_mib": runs["empty"]["polled_peak_anon_mib"][0],
+            "empty4_peak_anon_sum_mib": round(sum(runs["empty4"]["polled_peak_anon_mib"]), 1),
             "mapped_peak_above_bare_mib": round(mapped["peak_rss_mib"][0] - bare, 1)}
 
 
@@ -162,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     args.work = args.work or Path(tempfile.mkdtemp(prefix="bench-rank-memory-"))
     one_folder, four_folder = (partition(args, k, args.work / f"parts{k}") for k in (1, 4))
     bare = round(bare_peak() / MIB, 1)
-    runs = {"one": train(args, "one", one_folder, 1, []),
+    empty1, empty4 = (partition(args, k, args.work / f"empty{k}", 2000) for k in (1, 4))
+    runs = {"empty": train(args, "empty", empty1, 1, []),
+            "empty4": train(args, "empty4", empty4, 4, ["--topology", "partitioned", "--cache-mb", "0"]),
+            "one": train(args, "one", one_folder, 1, []),
             "four": train(args, "four", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"])}
     runs["mapped"] = train(args, "mapped", one_folder, 1, ["--memory-budget", str(mapped_budget(one_folder))])
     quarter = round((runs["one"]["peak_rss_mib"][0] - bare) / 4, 1)
@@ -170,15 +201,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(bare, folder_bytes(one_folder), runs)
     print(f"graph: {args.num_nodes} nodes, avg degree {args.avg_degree}, {args.feat_dim} features; bare interpreter "
           f"{bare} MiB; 1-part folder {summary['one_folder_mib']} MiB")
-    print(f"{'run':12} {'ranks':>5} {'peak RSS per rank (MiB)':>32} {'median epoch s':>15} {'val':>7} {'test':>7}")
+    print(f"{'run':12} {'ranks':>5} {'peak RSS per rank (MiB)':>32} {'polled peak anon (MiB)':>32} "
+          f"{'median epoch s':>15} {'val':>7} {'test':>7}")
     for run in runs.values():
-        print(f"{run['name']:12} {run['ranks']:5d} {str(run['peak_rss_mib']):>32} {run['median_epoch_s']:15.2f} "
-              f"{run['val']:7.4f} {run['test']:7.4f}")
+        print(f"{run['name']:12} {run['ranks']:5d} {str(run['peak_rss_mib']):>32} "
+              f"{str(run['polled_peak_anon_mib']):>32} {run['median_epoch_s']:15.2f} {run['val']:7.4f} {run['test']:7.4f}")
     print("memory account at the end (MiB):")
     for run in runs.values():
         print_account(run)
     print(f"4 ranks summed above bare / one process above bare: {summary['sum_ratio']} (target <= {TARGET_SUM})")
     print(f"one process above bare / its folder: {summary['folder_ratio']} (target <= {TARGET_FOLDER})")
+    print(f"above the empty runs instead: 4 ranks summed / one process {summary['sum_ratio_empty']}, one process / "
+          f"its folder {summary['folder_ratio_empty']}")
+    print(f"anonymous memory only (polled): 4 ranks summed above empty4 "
+          f"{summary['four_peak_anon_sum_mib'] - summary['empty4_peak_anon_sum_mib']:.1f} MiB, one above empty "
+          f"{summary['one_peak_anon_mib'] - summary['empty_peak_anon_mib']:.1f} MiB, mapped above empty "
+          f"{summary['mapped_peak_anon_mib'] - summary['empty_peak_anon_mib']:.1f} MiB")
     print(f"mapped / resident median epoch time: {summary['mapped_time_ratio']}; accuracy identical: "
           f"{summary['mapped_accuracy_identical']}; four-budget ({quarter} MiB per rank) test "
           f"{runs['four-budget']['test']:.4f} vs four {runs['four']['test']:.4f}")

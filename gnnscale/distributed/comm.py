@@ -25,7 +25,7 @@ from torch import Tensor
 _KEPT: collections.deque[Tensor] = collections.deque()
 KEEP_COUNT = 16
 """The last tensors always held, whatever their size (those of the last few collectives)."""
-KEEP_BYTES = 16 * 2**20
+KEEP_BYTES = 4 * 2**20
 """Beyond the last :data:`KEEP_COUNT`, older tensors are held while they add up to at most this many bytes:
 holding a fixed number of them (64) held up to 64 feature fetches, about 80 MiB per rank on a 300k-node graph."""
 _kept_bytes = [0]

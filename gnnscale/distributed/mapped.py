@@ -72,6 +72,7 @@ class MappedTable(DistTable):
         self.hot = self.rows.index_select(0, hot_ids)
         """The hot cache's rows, resident, in ascending local id order."""
         self.release_bytes = int(release_mb * 2**20)
+        self._row_bytes = max(1, self.rows[:1].numel() * self.rows.element_size())
         self.hot_reads = 0
         self.mapped_reads = 0
         self._unreleased = 0
@@ -93,16 +94,17 @@ class MappedTable(DistTable):
             ids, order = torch.sort(local.index_select(0, cold_pos))
             rows = gather_rows(self.rows, ids, self.rows.new_empty((ids.numel(), *self.row_shape)))
             out.index_copy_(0, cold_pos.index_select(0, order), rows)
-        self._after_read(hot_pos.numel(), cold_pos.numel())
+            # The pages these rows lie on (ids are sorted: neighbours share pages).
+            pages = torch.unique_consecutive(ids * self._row_bytes // PAGE_BYTES).numel()
+        self._after_read(hot_pos.numel(), cold_pos.numel(), pages if cold_pos.numel() else 0)
         return out
 
-    def _after_read(self, hot: int, cold: int) -> None:
-        # A row read faults in its whole page: count pages, not row bytes (an upper bound: rows share pages).
-        row_bytes = max(PAGE_BYTES, self.rows[:1].numel() * self.rows.element_size())
+    def _after_read(self, hot: int, cold: int, pages: int) -> None:
+        # A row read faults in its whole page: count pages (an upper bound: successive reads share pages).
         with self._lock:
             self.hot_reads += hot
             self.mapped_reads += cold
-            self._unreleased += cold * row_bytes
+            self._unreleased += pages * max(PAGE_BYTES, self._row_bytes)
             release = self._unreleased >= self.release_bytes
             if release:
                 self._unreleased = 0
