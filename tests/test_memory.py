@@ -167,3 +167,23 @@ def test_two_ranks_report_every_rank_under_a_budget(tmp_path: Path) -> None:
     assert record == other and test == other_test and mapped
     assert [r["rank"] for r in record["end"]["ranks"]] == [0, 1]
     assert record["end"]["peak_rss_mib_sum"] >= record["end"]["peak_rss_mib_max"] > 0
+
+
+@pytest.mark.slow
+def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
+    """scripts/bench_rank_memory.py on a tiny graph (six training runs, about a minute): the report is
+    complete; nothing about its figures is asserted but what must hold whatever the host."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_rank_memory.py"
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--num-nodes", "5000", "--feat-dim", "16", "--epochs", "1",
+                           "--work", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["runs"]) == {"empty", "empty4", "one", "four", "mapped", "four-budget"}
+    assert len(report["runs"]["four"]["peak_rss_mib"]) == 4 and report["summary"]["mapped_accuracy_identical"]
+    assert "target <= 1.3" in proc.stdout
