@@ -28,22 +28,28 @@ def _dataset(num_nodes: int = 3000, feat_dim: int = 32):
 
 
 @pytest.fixture(scope="module")
+def world():
+    with gs.init() as job:  # a world of one, left when the module's tests are done
+        yield job
+
+
+@pytest.fixture(scope="module")
 def one_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return partition_dataset(_dataset(), tmp_path_factory.mktemp("parts") / "p1", 1)
 
 
-def _trainer(folder: Path, budget: float | None, epochs: int = 2) -> gs.Trainer:
+def _trainer(world: gs.World, folder: Path, budget: float | None, epochs: int = 2) -> gs.Trainer:
     from gnnscale.train.trainer import TrainConfig
     from samplers import SamplerConfig
 
-    graph = gs.open_graph(folder, memory_budget=budget)
+    graph = gs.open_graph(folder, world, memory_budget=budget)
     return gs.Trainer(graph, model_config=gs.ModelConfig(model="sage", num_layers=2, hidden=16),
                       sampler_config=SamplerConfig(fanouts=[5, 5]), config=TrainConfig(epochs=epochs, batch_size=128),
                       cache_config=gs.CacheConfig(memory_budget=budget))
 
 
-def test_account_counts_each_structure_once(one_part: Path) -> None:
-    trainer = _trainer(one_part, None, epochs=1)
+def test_account_counts_each_structure_once(world: gs.World, one_part: Path) -> None:
+    trainer = _trainer(world, one_part, None, epochs=1)
     trainer.fit()
     graph = trainer.graph
     mine = memory.account(graph, loaders=[trainer.loader], model=trainer.module, optimizer=trainer.optimizer)
@@ -102,11 +108,12 @@ def test_slot_estimate_is_bounded_by_the_graph() -> None:
     assert slot_rows(10**6, 10**7, 100, [5]) <= 100 * 6 + 100
 
 
-def test_budget_lowers_prefetch_to_fit(one_part: Path, caplog: pytest.LogCaptureFixture) -> None:
-    graph = gs.open_graph(one_part)
+def test_budget_lowers_prefetch_to_fit(world: gs.World, one_part: Path, caplog: pytest.LogCaptureFixture) -> None:
+    graph = gs.open_graph(one_part, world)
+    budget = plan_graph(graph.part, 1000.0).minimum_mb + 2.0  # the features fit, four slots of 512 seeds do not
     with caplog.at_level("INFO", logger="gnnscale.budget"):
         loader = gs.NodeLoader(graph, fanouts=[5, 5], batch_size=512, prefetch=4,
-                               cache=gs.CacheConfig(memory_budget=graph.budget or 3.0))
+                               cache=gs.CacheConfig(memory_budget=budget))
     assert loader._loader.config.prefetch < 4
     assert "lowered from 4" in caplog.text
 
@@ -125,11 +132,11 @@ def test_mapped_reads_equal_resident(one_part: Path) -> None:
     assert mapped._where_map() is None  # never joined into one resident table
 
 
-def test_mapped_features_train_to_identical_accuracy(one_part: Path) -> None:
-    resident = _trainer(one_part, None)
+def test_mapped_features_train_to_identical_accuracy(world: gs.World, one_part: Path) -> None:
+    resident = _trainer(world, one_part, None)
     part = resident.graph.part
     budget = plan_graph(part, 1000.0).minimum_mb + part.features.nbytes / 2**20  # over half of it is too little
-    mapped = _trainer(one_part, budget)
+    mapped = _trainer(world, one_part, budget)
     assert mapped.graph.features.mapped and not resident.graph.features.mapped
     first, second = resident.fit(), mapped.fit()
     assert (first.val, first.test) == (second.val, second.test)
