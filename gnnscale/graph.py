@@ -30,6 +30,9 @@ from gnnscale.batch import Block
 from gnnscale.data.dataset import GraphDataset, csc_from_edges
 from gnnscale.distributed import wire
 from gnnscale.distributed.feature_store import DistTable, edge_source_counts
+from gnnscale.budget import check_budget, log_decisions, plan_graph
+from gnnscale.distributed.mapped import MappedTable, hot_order
+from gnnscale.memory import release_pages
 from gnnscale.world import World, init
 from partition.load import Partition, load_partition, whole_graph_partition
 from samplers.distributed import LocalGraph, replicate_structure, structure_bytes
@@ -38,9 +41,14 @@ log = logging.getLogger("gnnscale.graph")
 
 
 def resident(array: np.ndarray, dtype: type) -> np.ndarray:
-    """``array`` in memory and writable: a copy of a (read-only) memory map, else the array itself."""
+    """``array`` in memory and writable: a copy of a (read-only) memory map, else the array itself.
+
+    The map's pages that the copy read leave this process's RSS afterwards (:func:`gnnscale.memory.release_pages`):
+    held beside the copy, they doubled what a rank holds for every partition array."""
     if isinstance(array, np.memmap) or not array.flags.writeable:
-        return np.array(array, dtype=dtype)
+        copy = np.array(array, dtype=dtype)
+        release_pages(array)
+        return copy
     return np.ascontiguousarray(array, dtype=dtype)
 
 
@@ -53,13 +61,16 @@ class Graph:
         world: the job (:func:`gnnscale.init`); a world of one when None.
         split: which of the dataset's train/val/test splits :attr:`train_ids` etc. follow.
         wire_dtype: how feature rows sent to other ranks travel (:mod:`gnnscale.distributed.wire`).
+        memory_budget: MiB this rank may hold above the interpreter (:mod:`gnnscale.budget`): owned feature rows
+            that do not fit it stay memory-mapped; None: no budget, every partition array in memory.
 
     Raises:
-        ValueError: ``split`` out of range, a partition that is not this rank's, an unknown ``wire_dtype``.
+        ValueError: ``split`` out of range, a partition that is not this rank's, an unknown ``wire_dtype``,
+            a ``memory_budget`` below what the partition itself needs.
     """
 
     def __init__(self, part: Partition, world: World | None = None, *, split: int = 0,
-                 wire_dtype: str = "float32") -> None:
+                 wire_dtype: str = "float32", memory_budget: float | None = None) -> None:
         self.world = world if world is not None else init()
         if part.book.offsets.shape[0] - 1 != self.world.size or part.part != self.world.rank:
             raise ValueError(f"partition {part.part} of {part.book.offsets.shape[0] - 1} cannot be rank "
@@ -74,12 +85,17 @@ class Graph:
         self.offsets = torch.from_numpy(np.asarray(part.book.offsets, dtype=np.int64))
         # A world of one sends nothing: its rows stay exact whatever is asked.
         self.wire_dtype = wire.check_wire_dtype(wire_dtype) if self.world.size > 1 else "float32"
+        budget = check_budget(memory_budget)
+        self.budget = None if budget is None else plan_graph(part, budget, self.world.rank)
+        """The decisions of ``memory_budget`` (:class:`gnnscale.budget.GraphBudget`), or None."""
+        if self.budget is not None:
+            log_decisions(self.world.rank, budget, self.budget.decisions)
         self.structure = LocalGraph(resident(part.indptr, np.int64), resident(part.indices, np.int64),
                                     start=self.start)
         """The owned nodes' in-edges (sources in global ids)."""
-        self.features = DistTable(torch.from_numpy(resident(part.features, np.float32)), self.offsets,
-                                  self.world.exchanger, wire_dtype=self.wire_dtype)
-        """Feature rows by global id; ``features.rows`` holds the owned ones."""
+        self.features = self._feature_table(part)
+        """Feature rows by global id; ``features.rows`` holds the owned ones (a memory map when
+        ``features.mapped``)."""
         self.labels = torch.from_numpy(resident(part.labels, np.int64))
         """int64 [num_owned] (or [num_owned, num_labels] 0/1): the owned nodes' labels."""
         self.edge_features = self._edge_table(part)
@@ -91,7 +107,7 @@ class Graph:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_dataset(cls, dataset: GraphDataset, world: World | None = None, *, split: int = 0,
-                     wire_dtype: str = "float32") -> "Graph":
+                     wire_dtype: str = "float32", memory_budget: float | None = None) -> "Graph":
         """This rank's share of any loader's dataset (:func:`gnnscale.data.loaders.load_dataset`).
 
         In a world of one, the whole graph.  On ``N`` ranks every rank holds the dataset: each partitions it
@@ -101,14 +117,15 @@ class Graph:
         :func:`open_graph`."""
         world = world if world is not None else init()
         if world.size == 1:
-            return cls(whole_graph_partition(dataset), world, split=split, wire_dtype=wire_dtype)
+            return cls(whole_graph_partition(dataset), world, split=split, wire_dtype=wire_dtype,
+                       memory_budget=memory_budget)
         folder = Path(tempfile.mkdtemp(prefix="gnnscale-parts-"))
         try:
             part = _partition_here(dataset, folder, world, split)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        graph = cls(part, world, split=split, wire_dtype=wire_dtype)
+        graph = cls(part, world, split=split, wire_dtype=wire_dtype, memory_budget=memory_budget)
         weakref.finalize(graph, shutil.rmtree, folder, True)
         return graph
 
@@ -140,6 +157,19 @@ class Graph:
                                num_classes=num_classes if num_classes is not None else labels.shape[1]
                                if metric == "multilabel_roc_auc" and labels.ndim == 2 else int(labels.max()) + 1)
         return cls.from_dataset(dataset, world)
+
+    def _feature_table(self, part: Partition) -> DistTable:
+        """The owned feature rows in memory, or left in their file (:class:`MappedTable`) when the budget says so."""
+        if self.budget is not None and self.budget.features_mapped:
+            mapped = part.features if part.features.dtype == np.float32 else None
+            if mapped is None:
+                raise ValueError(f"features stored as {part.features.dtype} cannot stay memory-mapped (float32 only): "
+                                 f"raise memory_budget to hold them in memory, or store float32 features")
+            return MappedTable(mapped, self.offsets, self.world.exchanger, wire_dtype=self.wire_dtype,
+                               hot=hot_order(self.structure.degree), hot_rows=self.budget.hot_rows,
+                               release_mb=self.budget.release_mb)
+        return DistTable(torch.from_numpy(resident(part.features, np.float32)), self.offsets, self.world.exchanger,
+                         wire_dtype=self.wire_dtype)
 
     def _edge_table(self, part: Partition) -> DistTable | None:
         """Partition ``p`` stores the in-edges of its nodes, so it owns the contiguous global edge ids that
@@ -316,9 +346,9 @@ def _partition_here(dataset: GraphDataset, folder: Path, world: World, split: in
 
 
 def open_graph(path: str | Path, world: World | None = None, *, split: int = 0, wire_dtype: str = "float32",
-               verify_checksums: bool = False) -> Graph:
+               verify_checksums: bool = False, memory_budget: float | None = None) -> Graph:
     """This rank's share of the partition folder ``path`` (``python -m partition --num-parts N``), which must
-    hold one partition per rank of ``world`` (a world of one when None).
+    hold one partition per rank of ``world`` (a world of one when None); ``memory_budget`` as :class:`Graph`'s.
 
     Raises:
         FileNotFoundError: no partition folder at ``path``.
@@ -334,4 +364,4 @@ def open_graph(path: str | Path, world: World | None = None, *, split: int = 0, 
                          f"torchrun with {num_parts} processes in all (--nnodes x --nproc_per_node), or re-partition "
                          f"with --num-parts {world.size}")
     return Graph(load_partition(path, world.rank, verify_checksums=verify_checksums), world, split=split,
-                 wire_dtype=wire_dtype)
+                 wire_dtype=wire_dtype, memory_budget=memory_budget)

@@ -177,14 +177,30 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
 def _run_layers(graph: Graph, module: nn.Module, blocks: list[tuple[Block, Tensor]], device: torch.device) -> Tensor:
     table, halo_ids = graph.features, graph.halo()[0]
     for layer in range(module.num_layers):
-        every = table.rows if not halo_ids.numel() else torch.cat([table.rows, table.gather(halo_ids)])
+        # The halo's rows apart from the owned ones: joining them copied every owned row (at layer 0 the
+        # whole feature table) once more.
+        halo = table.gather(halo_ids) if halo_ids.numel() else None
         width = module.output_width(layer) if hasattr(module, "output_width") else None
         out = None if width is None else torch.empty(graph.num_owned, width)
         for block, rows in blocks:
-            h = module.layer(layer, block.to(device), every.index_select(0, rows).to(device)).cpu()
+            h = module.layer(layer, block.to(device), _source_rows(table, halo, rows).to(device)).cpu()
             if out is None:
                 out = torch.empty((graph.num_owned, *h.shape[1:]), dtype=h.dtype)
             out[block.dst_ids - graph.start] = h
         assert out is not None, "a rank without owned nodes needs the model's output_width"
         table = DistTable(out, graph.offsets, graph.world.exchanger, wire_dtype=graph.wire_dtype)
     return table.rows
+
+
+def _source_rows(table: DistTable, halo: Tensor | None, rows: Tensor) -> Tensor:
+    """Rows ``rows`` of ``cat(table's owned rows, halo)``, without making that table."""
+    owned = table.rows.shape[0]
+    if halo is None or not bool((rows >= owned).any()):
+        return table.read_owned(rows)
+    out = table.rows.new_empty((rows.numel(), *table.row_shape))
+    mine = rows < owned
+    at = torch.nonzero(mine).squeeze(1)
+    out.index_copy_(0, at, table.read_owned(rows.index_select(0, at)))
+    other = torch.nonzero(~mine).squeeze(1)
+    out.index_copy_(0, other, halo.index_select(0, rows.index_select(0, other) - owned))
+    return out

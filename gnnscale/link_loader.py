@@ -35,7 +35,7 @@ from gnnscale.distributed.feature_store import DistTable, edge_source_counts
 from gnnscale.graph import Graph
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader
 from gnnscale.pipeline.loader import LoadedBatch
-from gnnscale.sampling import CacheConfig, CachePlan, EpochPasses, agreed_steps, fill_feature_cache
+from gnnscale.sampling import CacheConfig, CachePlan, EpochPasses, agreed_steps, budgeted, fill_feature_cache
 from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure
 from samplers.link import EXCLUDE_MODES, NEGATIVE_MODES, LinkSampler, NegativeSampler
 from samplers.neighbor import SamplerConfig, drop_excluded, exclusion_keys
@@ -142,7 +142,9 @@ class LinkLoader(EpochPasses):
                              f"and feature fetches are collectives made in batch order by one thread; use "
                              f"num_workers=1")
         self.device = torch.device(device) if device is not None else self.world.device
-        cache = cache or CacheConfig()
+        sized = budgeted(graph, cache or CacheConfig(), batch_size=2 * batch_size, fanouts=list(fanouts),
+                         num_workers=num_workers, prefetch=prefetch)
+        cache, prefetch = sized.cache, sized.prefetch
         self.steps, _ = agreed_steps(graph, self.edges.shape[1], batch_size, what="seed edges")
         self.sampler = self._make_sampler(config, cache, held_out)
         negatives = None if num_negatives == 0 else NegativeSampler(
@@ -155,7 +157,8 @@ class LinkLoader(EpochPasses):
             fill = fill_feature_cache(graph, self.sampler, cache, self._cache_plan(batch_size, num_negatives, seed))
         log.info("rank %d: %d seed edges, %d steps per epoch, %s", self.world.rank, self.edges.shape[1], self.steps,
                  fill)
-        table = graph.features.rows if self.world.size == 1 else graph.features
+        # A mapped table reads its rows sorted, with its hot cache: through the table, also in a world of one.
+        table = graph.features.rows if self.world.size == 1 and not graph.features.mapped else graph.features
         self._loader = PrefetchLoader(self.link_sampler, torch.arange(self.edges.shape[1]), table, None, LoaderConfig(
             batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, seed=seed, shuffle=shuffle,
             pin_memory=self.device.type == "cuda", num_batches=None if self.world.size == 1 else self.steps,

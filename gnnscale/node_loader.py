@@ -33,7 +33,8 @@ from gnnscale.distributed.capacity import parse_capacity
 from gnnscale.graph import Graph
 from gnnscale.pipeline import LoaderConfig, PrefetchLoader
 from gnnscale.pipeline.device import DeviceBatch, DeviceFeeder
-from gnnscale.sampling import CacheConfig, CachePlan, EpochPasses, agreed_steps, fill_feature_cache, make_sampler
+from gnnscale.sampling import (CacheConfig, CachePlan, EpochPasses, agreed_steps, budgeted, fill_feature_cache,
+                               make_sampler)
 from gnnscale.train.shares import SeedShares
 from samplers.neighbor import SamplerConfig
 
@@ -93,6 +94,9 @@ class NodeLoader(EpochPasses):
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         # LoaderConfig checks batch_size, num_workers, prefetch and seed, naming each.
         probe = LoaderConfig(batch_size=batch_size, num_workers=num_workers, prefetch=prefetch, seed=seed)
+        sized = budgeted(graph, cache or CacheConfig(), batch_size=batch_size, fanouts=list(fanouts),
+                         num_workers=num_workers, prefetch=prefetch)
+        cache, probe.prefetch = sized.cache, sized.prefetch
         if self.world.size > 1 and num_workers > 1:
             raise ValueError(f"num_workers={num_workers} needs a world of one: with {self.world.size} ranks sampling "
                              f"and feature fetches are collectives made in batch order by one thread; use "
@@ -158,7 +162,8 @@ class NodeLoader(EpochPasses):
 
     def _make_loader(self, probe: LoaderConfig) -> PrefetchLoader:
         graph = self.graph
-        table = graph.features.rows if self.world.size == 1 else graph.features
+        # A mapped table reads its rows sorted, with its hot cache: through the table, also in a world of one.
+        table = graph.features.rows if self.world.size == 1 and not graph.features.mapped else graph.features
         # With seed shares a rank trains seeds of other partitions: labels of every seed, by global id.
         labels, first_id = (self.labels, graph.start) if self.shares is None else (self.shares.labels, 0)
         config = LoaderConfig(batch_size=probe.batch_size, num_workers=probe.num_workers, prefetch=probe.prefetch,

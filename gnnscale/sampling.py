@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gnnscale.budget import LoaderBudget, check_budget, log_decisions, plan_loader
 from gnnscale.distributed import wire
 from gnnscale.distributed.feature_store import DistTable, auto_cache_mb, cache_rows_for
 from gnnscale.graph import Graph
@@ -52,9 +53,13 @@ class CacheConfig:
     ``auto``: replicated when the whole structure fits ``topology_budget_mb``."""
     topology_budget_mb: float = 1024.0
     """MiB each rank may spend on the whole graph structure (int64 offsets and sources)."""
+    memory_budget: float | None = None
+    """MiB each rank may hold above the interpreter (:mod:`gnnscale.budget`): the topology, the cache and the
+    loader's buffer slots are sized to it (each decision logged); None: no budget."""
 
     def __post_init__(self) -> None:
         wire.check_wire_dtype(self.wire_dtype)
+        check_budget(self.memory_budget)
         if self.topology not in ("auto", "partitioned", "replicated"):
             raise ValueError(f"topology must be auto, partitioned or replicated, got {self.topology!r}")
         if not self.topology_budget_mb >= 0:
@@ -67,6 +72,18 @@ class CacheConfig:
             raise ValueError(f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}")
         if self.presample_batches < 0:
             raise ValueError(f"presample_batches must be >= 0, got {self.presample_batches}")
+
+
+def budgeted(graph: Graph, cache: CacheConfig, *, batch_size: int, fanouts: list[int], num_workers: int,
+             prefetch: int) -> LoaderBudget:
+    """``cache`` and ``prefetch`` sized to the memory budget (the graph's, else ``cache.memory_budget``), each
+    decision logged; as they are without a budget."""
+    if graph.budget is None and cache.memory_budget is None:
+        return LoaderBudget(cache=cache, prefetch=prefetch)
+    plan = plan_loader(graph, cache, batch_size=batch_size, fanouts=fanouts, num_workers=num_workers,
+                       prefetch=prefetch)
+    log_decisions(graph.world.rank, graph.budget.budget_mb if graph.budget else cache.memory_budget, plan.decisions)
+    return plan
 
 
 def make_sampler(graph: Graph, config: SamplerConfig, cache: CacheConfig) -> DistNeighborSampler:

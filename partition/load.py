@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
+from gnnscale.memory import release_pages
 from partition.book import PartitionBook
 from partition.format import (OPTIONAL_PART_ARRAYS, ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file,
                               read_manifest)
@@ -93,6 +94,8 @@ def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = Fals
     arrays = open_part_arrays(root, manifest, int(rank), checksums=verify_checksums)
     if check:
         check_partition(root, manifest, int(rank), arrays, book.orig2new)
+        for array in (*arrays.values(), book.orig2new):  # read once: the pages need not stay in this RSS
+            release_pages(array)
     return Partition(part=int(rank), book=book, num_classes=manifest["num_classes"], metric=manifest["metric"],
                      manifest=manifest, **arrays)
 

@@ -49,3 +49,14 @@ def release_rows(array: np.ndarray, start: int, stop: int) -> None:
     first, last = -(-first // page) * page, last // page * page  # whole pages only: neighbours stay mapped
     if last > first:
         mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+
+def release_map(array: np.ndarray) -> None:
+    """Drop every resident page of the read-only file map behind ``array`` from this process (the whole map,
+    not only ``array``'s rows); a no-op for any other array, and for a map already closed."""
+    mapped = _read_only_map(array) if isinstance(array, np.ndarray) else None
+    if mapped is not None:
+        try:
+            mapped.madvise(mmap.MADV_DONTNEED)
+        except (ValueError, OSError):  # a closed map: nothing resident to drop
+            pass

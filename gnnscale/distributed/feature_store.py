@@ -107,6 +107,14 @@ class DistTable:
     def row_shape(self) -> tuple[int, ...]:
         return tuple(self.rows.shape[1:])
 
+    mapped = False
+    """Whether the owned rows stay in a file mapping (:class:`gnnscale.distributed.mapped.MappedTable`)."""
+
+    def read_owned(self, local: Tensor, out: Tensor | None = None) -> Tensor:
+        """Owned rows by local id (int64 [k], ``global - start``) into ``out`` (or a new [k, ...]); no
+        communication.  Every read of owned rows goes through here (a mapped table sorts them)."""
+        return torch.index_select(self.rows, 0, local, out=out) if out is not None else self.rows.index_select(0, local)
+
     def owner(self, ids: Tensor) -> Tensor:
         """int64, same shape: the rank owning each global id."""
         return torch.searchsorted(self.offsets, ids, right=True) - 1
@@ -117,7 +125,7 @@ class DistTable:
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if self.world_size == 1:  # everything is owned, and no collective is needed
             self.stats.local_rows += ids.numel()
-            return self.rows.index_select(0, ids - self.start)
+            return self.read_owned(ids - self.start)
         out = self.rows.new_empty((ids.numel(), *self.row_shape))
         remote = self._fill_local_and_cached(ids, out)
         missing = ids[remote]
@@ -155,7 +163,7 @@ class DistTable:
         order = torch.argsort(category * int(self.offsets[-1]) + ids)
         num_local, num_cached, num_missing = torch.bincount(category, minlength=3).tolist()
         ordered = ids.index_select(0, order)
-        torch.index_select(self.rows, 0, ordered[:num_local] - self.start, out=out[:num_local])
+        self.read_owned(ordered[:num_local] - self.start, out=out[:num_local])
         if num_cached:
             assert slot is not None
             cached = order[num_local:num_local + num_cached]
@@ -251,11 +259,11 @@ class DistTable:
             The received rows [sum(sizes), ...] in rank order, in this table's dtype (``out`` when given).
         """
         if self.wire_dtype == "float32":
-            replies = [self.rows.index_select(0, req - self.start) for req in requests]
+            replies = [self.read_owned(req - self.start) for req in requests]
             received = self.exchanger.exchange(replies, out=out, recv_sizes=sizes)
             return out if out is not None else torch.cat(received)
         width = math.prod(self.row_shape)
-        rows = self.rows.index_select(0, torch.cat(requests) - self.start)
+        rows = self.read_owned(torch.cat(requests) - self.start)
         payload = wire.encode(rows.view(rows.shape[0], width), self.wire_dtype)
         arrived = wire.empty_payload(sum(sizes), self.wire_dtype, width)
         self.exchanger.exchange(list(payload.split([r.numel() for r in requests])), out=arrived, recv_sizes=sizes)
@@ -309,7 +317,7 @@ class DistTable:
         """Write owned and cached rows into ``out``; returns the bool mask of the rest."""
         local = (ids >= self.start) & (ids < self.end)
         local_pos = torch.nonzero(local).squeeze(1)
-        out.index_copy_(0, local_pos, self.rows.index_select(0, ids.index_select(0, local_pos) - self.start))
+        out.index_copy_(0, local_pos, self.read_owned(ids.index_select(0, local_pos) - self.start))
         remote = ~local
         self.stats.local_rows += int(local_pos.numel())
         if self.cache_ids.numel() and local_pos.numel() < ids.numel():

@@ -130,6 +130,10 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._Argu
                            "for the rest; auto: replicated when it fits --topology-budget-mb")
     dist.add_argument("--topology-budget-mb", type=float, default=1024.0, help="MiB per rank for the whole graph "
                       "structure (8 bytes per node and per edge)")
+    dist.add_argument("--memory-budget", type=float, default=None, metavar="MIB", help="MiB each rank may hold "
+                      "above the interpreter (also a world of one): owned feature rows that do not fit stay "
+                      "memory-mapped, the topology, the feature cache and the loader's buffers are sized to it (each "
+                      "decision logged); below what the partition itself needs it is an error naming the minimum")
     dist.add_argument("--rank-capacity", type=rank_capacity, default=None, metavar="auto|W0,W1,...",
                       help="deal every step's seeds among ranks in proportion to their speed (heterogeneous "
                            "machines): auto = timed on a few steps alone at the start, then re-dealt after every "
@@ -279,7 +283,8 @@ def build_configs(args: argparse.Namespace):
                                on_checkpoint_error=args.on_checkpoint_error,
                                rank_capacity=args.rank_capacity, grad_sync=args.grad_sync)
     cache_config = CacheConfig(cache_mb=args.cache_mb, cache_policy=args.cache_policy, wire_dtype=args.wire_dtype,
-                               topology=args.topology, topology_budget_mb=args.topology_budget_mb)
+                               topology=args.topology, topology_budget_mb=args.topology_budget_mb,
+                               memory_budget=args.memory_budget)
     return model_config, sampler_config, train_config, cache_config
 
 
@@ -290,7 +295,9 @@ def apply_process_settings(args: argparse.Namespace) -> None:
     from gnnscale.pipeline import keep_freed_memory
 
     if args.keep_freed_memory:
-        keep_freed_memory()
+        # Under a budget the heap keeps at most a tenth of it freed (default: up to 2 GiB, all of it RSS).
+        keep_freed_memory(**({} if args.memory_budget is None else {"trim_threshold": int(args.memory_budget * 2**20
+                                                                                         // 10)}))
     torch.manual_seed(args.seed)
 
 
@@ -320,7 +327,7 @@ def run(args: argparse.Namespace) -> dict:
         "partitions": str(args.partitions) if args.partitions else None,
         "predictions": str(out / "predictions") if args.save_predictions else None,
         "split": args.split, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "history": result.history,
+        "history": result.history, "memory": result.memory,
     }
     link = facts.get("test_link")  # the test figures of --task link
     if env.is_main:
@@ -369,7 +376,8 @@ def _fit_link(args: argparse.Namespace, part, runtime, out: Path, configs: tuple
     from gnnscale.world import World
 
     model_config, sampler_config, train_config, cache_config = configs
-    graph = Graph(part, World.from_runtime(runtime), split=args.split, wire_dtype=cache_config.wire_dtype)
+    graph = Graph(part, World.from_runtime(runtime), split=args.split, wire_dtype=cache_config.wire_dtype,
+                  memory_budget=cache_config.memory_budget)
     trainer = LinkTrainer(graph, model_config=model_config, sampler_config=sampler_config, config=train_config,
                           link=link, cache_config=cache_config, out=out)
     result = trainer.fit()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gnnscale import memory
 from gnnscale.graph import Graph
 from gnnscale.link_loader import split_edges
 from gnnscale.link_task import LinkTask
@@ -90,6 +91,13 @@ class LinkTrainer:
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
         self.fingerprint = self._fingerprint(model_config, sampler_config, link)
+        self.memory = {"start": self._memory_report("start")}
+
+    def _memory_report(self, moment: str) -> dict[str, Any]:
+        """Every rank's memory account (a collective), logged by rank 0."""
+        loaders = [self.task.train, *(loader for loader, _ in self.task.scorers.values())]
+        return memory.report(self.graph, moment, loaders=loaders, model=nn.ModuleList([self.encoder, self.decoder]),
+                             optimizer=self.optimizer)
 
     def _wrap(self, decoder: nn.Module) -> nn.Module:
         # A dot decoder has no parameters, and DDP refuses a module without any.
@@ -105,10 +113,12 @@ class LinkTrainer:
                     after_epoch=self._checkpoint)
         self._load(state.best_state)
         self.test = self.task.evaluate(self.encoder, self.decoder, "test")
+        self.memory["end"] = self._memory_report("end")
         best = state.best
         return TrainResult(metric="roc_auc", val=best.get("val", -math.inf), test=self.test["roc_auc"],
                            best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
-                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history)
+                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history,
+                           memory=self.memory)
 
     def _epoch_record(self, epoch: int) -> dict[str, Any]:
         start = time.perf_counter()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gnnscale import memory
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable
@@ -128,6 +129,8 @@ class TrainResult:
     epochs_run: int
     train_seconds: float
     history: list[dict]
+    memory: dict | None = None
+    """Every rank's memory account at the start and the end (:mod:`gnnscale.memory`), for metrics.json."""
 
 
 
@@ -204,17 +207,23 @@ class Trainer:
         if self.shares is not None:
             self.shares.calibrate(self._alone_step)
         self.fingerprint = self._fingerprint(model_config if model is None else None)
+        self.memory = {"start": self._memory_report("start")}
 
     @classmethod
     def on_partition(cls, part: Partition, runtime: Runtime, *, split: int = 0,
                      cache_config: CacheConfig | None = None, **kwargs: Any) -> "Trainer":
         """A trainer on ``part`` (this rank's partition) in the job ``runtime`` belongs to, whose lifetime the
-        caller manages: the graph handle is made here, with ``cache_config``'s wire dtype."""
+        caller manages: the graph handle is made here, with ``cache_config``'s wire dtype and memory budget."""
         cache_config = cache_config or CacheConfig()
-        graph = Graph(part, World.from_runtime(runtime), split=split, wire_dtype=cache_config.wire_dtype)
+        graph = Graph(part, World.from_runtime(runtime), split=split, wire_dtype=cache_config.wire_dtype,
+                      memory_budget=cache_config.memory_budget)
         return cls(graph, cache_config=cache_config, **kwargs)
 
     # ------------------------------------------------------------------ set-up
+    def _memory_report(self, moment: str) -> dict[str, Any]:
+        """Every rank's memory account (a collective), logged by rank 0."""
+        return memory.report(self.graph, moment, loaders=[self.loader], model=self.module, optimizer=self.optimizer)
+
     def _build_model(self, model: nn.Module | None, model_config: ModelConfig | None) -> nn.Module:
         if model is not None:
             return model.to(self.device)
@@ -294,7 +303,7 @@ class Trainer:
         ids, graph = batch.input_ids, self.graph
         x = torch.zeros((ids.numel(), *self.features.row_shape))
         local = (ids >= graph.start) & (ids < graph.end)
-        x[local] = self.features.rows.index_select(0, ids[local] - graph.start)
+        x[local] = self.features.read_owned(ids[local] - graph.start)
         outputs = self.module(batch.blocks, x.to(self.device))
         self.loss(outputs, self.shares.labels[seeds].to(self.device)).backward()
         self.module.zero_grad(set_to_none=True)
@@ -448,6 +457,8 @@ class Trainer:
         if state.best_state is not None:
             self.module.load_state_dict(state.best_state)
         best = state.best
+        self.memory["end"] = self._memory_report("end")
         return TrainResult(metric=self.metric, val=best.get("val", -math.inf), test=best.get("test", math.nan),
                            best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
-                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history)
+                           train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history,
+                           memory=self.memory)

@@ -1,0 +1,196 @@
+"""The memory account, the memory budget's decisions, and features read from their memory map."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gnnscale as gs
+from distributed_helpers import partition_dataset, run_ranks
+from gnnscale import memory
+from gnnscale.budget import plan_graph, slot_rows
+from gnnscale.distributed import comm
+from gnnscale.distributed.comm import Exchanger
+from gnnscale.distributed.feature_store import DistTable
+from gnnscale.distributed.mapped import MappedTable, hot_order
+from gnnscale.train.cli import main
+from partition.load import load_partition
+
+
+def _dataset(num_nodes: int = 3000, feat_dim: int = 32):
+    from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+
+    return generate_synthetic(SyntheticConfig(num_nodes=num_nodes, avg_degree=6, feat_dim=feat_dim, num_classes=4))
+
+
+@pytest.fixture(scope="module")
+def world():
+    with gs.init() as job:  # a world of one, left when the module's tests are done
+        yield job
+
+
+@pytest.fixture(scope="module")
+def one_part(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return partition_dataset(_dataset(), tmp_path_factory.mktemp("parts") / "p1", 1)
+
+
+def _trainer(world: gs.World, folder: Path, budget: float | None, epochs: int = 2) -> gs.Trainer:
+    from gnnscale.train.trainer import TrainConfig
+    from samplers import SamplerConfig
+
+    graph = gs.open_graph(folder, world, memory_budget=budget)
+    return gs.Trainer(graph, model_config=gs.ModelConfig(model="sage", num_layers=2, hidden=16),
+                      sampler_config=SamplerConfig(fanouts=[5, 5]), config=TrainConfig(epochs=epochs, batch_size=128),
+                      cache_config=gs.CacheConfig(memory_budget=budget))
+
+
+def test_account_counts_each_structure_once(world: gs.World, one_part: Path) -> None:
+    trainer = _trainer(world, one_part, None, epochs=1)
+    trainer.fit()
+    graph = trainer.graph
+    mine = memory.account(graph, loaders=[trainer.loader], model=trainer.module, optimizer=trainer.optimizer)
+    assert mine.resident["features"] == graph.features.rows.numel() * 4
+    assert mine.resident["partition"] >= graph.structure.indices.nbytes + graph.structure.indptr.nbytes
+    for structure in ("pipeline", "evaluation", "optimizer"):
+        assert mine.resident[structure] > 0, structure
+    assert mine.mapped["partition"] > 0  # the folder's maps, beside their resident copies
+    assert 0 < mine.rss <= mine.peak_rss and mine.total_resident < mine.rss
+    assert memory.MemoryAccount.from_tensor(mine.to_tensor()) == mine
+    record = trainer.memory["end"]
+    assert set(record["ranks"][0]) >= {"resident_mib", "mapped_mib", "accounted_mib", "rss_mib", "peak_rss_mib"}
+    assert record["peak_rss_mib_sum"] == record["ranks"][0]["peak_rss_mib"]
+
+
+def test_released_pages_leave_the_rss(tmp_path: Path) -> None:
+    path = tmp_path / "rows.npy"
+    np.save(path, np.ones((8192, 1024), dtype=np.float32))  # 32 MiB
+    mapped = np.load(path, mmap_mode="r")
+    before = memory.rss_bytes()
+    assert float(mapped.sum()) == 8192 * 1024
+    read = memory.rss_bytes()
+    memory.release_pages(mapped[10:20])  # a view: its map's pages go
+    assert read - before > 24 * 2**20 and memory.rss_bytes() < read - 24 * 2**20
+    memory.release_pages(np.ones(3))  # not mapped: nothing happens
+
+
+def test_held_collectives_are_bounded_by_bytes() -> None:
+    comm.release_kept()
+    for _ in range(64):
+        comm.keep(torch.empty(2**20 // 4))  # 1 MiB each
+    held = sum(t.numel() * t.element_size() for t in comm._KEPT)
+    assert held <= comm.KEEP_BYTES + comm.KEEP_COUNT * 2**20 and len(comm._KEPT) >= comm.KEEP_COUNT
+    comm.release_kept()
+    assert not comm._KEPT
+
+
+def test_budget_decides_features_and_names_the_minimum(one_part: Path) -> None:
+    part = load_partition(one_part, 0)
+    features_mb = part.features.nbytes / 2**20
+    roomy = plan_graph(part, 1000.0)
+    assert not roomy.features_mapped and roomy.hot_rows == 0
+    tight = plan_graph(part, roomy.minimum_mb + features_mb)  # the features need over half of what is left
+    assert tight.features_mapped and 0 < tight.hot_rows < part.features.shape[0]
+    assert any("memory-mapped" in line for line in tight.decisions)
+    with pytest.raises(ValueError, match=r"below the \d+\.\d MiB rank 0's partition needs .* give at least \d+ MiB") \
+            as error:
+        plan_graph(part, roomy.minimum_mb / 2)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="memory_budget must be a positive number of MiB per rank, got -1"):
+        gs.CacheConfig(memory_budget=-1)
+
+
+def test_slot_estimate_is_bounded_by_the_graph() -> None:
+    assert slot_rows(1000, 5000, 100, [10, 10]) <= 1100
+    assert slot_rows(10**6, 10**7, 100, [5]) <= 100 * 6 + 100
+
+
+def test_budget_lowers_prefetch_to_fit(world: gs.World, one_part: Path, caplog: pytest.LogCaptureFixture) -> None:
+    graph = gs.open_graph(one_part, world)
+    budget = plan_graph(graph.part, 1000.0).minimum_mb + 2.0  # the features fit, four slots of 512 seeds do not
+    with caplog.at_level("INFO", logger="gnnscale.budget"):
+        loader = gs.NodeLoader(graph, fanouts=[5, 5], batch_size=512, prefetch=4,
+                               cache=gs.CacheConfig(memory_budget=budget))
+    assert loader._loader.config.prefetch < 4
+    assert "lowered from 4" in caplog.text
+
+
+def test_mapped_reads_equal_resident(one_part: Path) -> None:
+    part = load_partition(one_part, 0)
+    exchanger, offsets = Exchanger(None, 0, 1), torch.tensor([0, part.features.shape[0]])
+    resident = DistTable(torch.from_numpy(np.array(part.features)), offsets, exchanger)
+    degree = torch.from_numpy(np.diff(np.asarray(part.indptr)))
+    mapped = MappedTable(part.features, offsets, exchanger, hot=hot_order(degree), hot_rows=100, release_mb=0.01)
+    assert mapped.mapped and mapped.hot_bytes == 100 * part.features.shape[1] * 4
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, part.features.shape[0], 2000))
+    assert torch.equal(mapped.gather(ids), resident.gather(ids))
+    assert torch.equal(mapped.read_owned(ids[:7]), resident.read_owned(ids[:7]))
+    assert mapped.hot_reads > 0 and mapped.mapped_reads > 0
+    assert mapped._where_map() is None  # never joined into one resident table
+
+
+def test_mapped_features_train_to_identical_accuracy(world: gs.World, one_part: Path) -> None:
+    resident = _trainer(world, one_part, None)
+    part = resident.graph.part
+    budget = plan_graph(part, 1000.0).minimum_mb + part.features.nbytes / 2**20  # over half of it is too little
+    mapped = _trainer(world, one_part, budget)
+    assert mapped.graph.features.mapped and not resident.graph.features.mapped
+    first, second = resident.fit(), mapped.fit()
+    assert (first.val, first.test) == (second.val, second.test)
+    assert [r["loss"] for r in first.history] == [r["loss"] for r in second.history]
+    assert mapped.memory["end"]["ranks"][0]["mapped_mib"]["features"] > 0
+
+
+def test_too_small_budget_is_a_one_line_error(one_part: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--partitions", str(one_part), "--out", str(tmp_path / "run"), "--memory-budget", "0.01",
+                 "--epochs", "1", "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "give at least" in err[-1] and "--memory-budget" in err[-1]
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def _two_ranks(rank: int, folder: str, budget: float) -> tuple[dict, float, bool]:
+    from gnnscale.train.trainer import TrainConfig
+    from samplers import SamplerConfig
+
+    with gs.init() as world:
+        graph = gs.open_graph(folder, world, memory_budget=budget)
+        trainer = gs.Trainer(graph, model_config=gs.ModelConfig(model="sage", num_layers=2, hidden=16),
+                             sampler_config=SamplerConfig(fanouts=[5, 5]), config=TrainConfig(epochs=1, batch_size=128),
+                             cache_config=gs.CacheConfig(memory_budget=budget, topology="partitioned"))
+        result = trainer.fit()
+        return result.memory, result.test, graph.features.mapped
+
+
+def test_two_ranks_report_every_rank_under_a_budget(tmp_path: Path) -> None:
+    folder = partition_dataset(_dataset(), tmp_path / "p2", 2)
+    part = load_partition(folder, 0)
+    budget = plan_graph(part, 1000.0).minimum_mb + part.features.nbytes / 2**20
+    outcomes = run_ranks(_two_ranks, 2, str(folder), budget, timeout=120)
+    (record, test, mapped), (other, other_test, _) = outcomes
+    assert record == other and test == other_test and mapped
+    assert [r["rank"] for r in record["end"]["ranks"]] == [0, 1]
+    assert record["end"]["peak_rss_mib_sum"] >= record["end"]["peak_rss_mib_max"] > 0
+
+
+@pytest.mark.slow
+def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
+    """scripts/bench_rank_memory.py on a tiny graph (six training runs, about a minute): the report is
+    complete; nothing about its figures is asserted but what must hold whatever the host."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_rank_memory.py"
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--num-nodes", "5000", "--feat-dim", "16", "--epochs", "1",
+                           "--work", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["runs"]) == {"empty", "empty4", "one", "four", "mapped", "four-budget"}
+    assert len(report["runs"]["four"]["peak_rss_mib"]) == 4 and report["summary"]["mapped_accuracy_identical"]
+    assert "target <= 1.3" in proc.stdout
