@@ -113,10 +113,10 @@ def remove_stale() -> list[str]:
         if not _pid_alive(int(match.group(2))):
             _ip("link", "del", match.group(1), check=False)
             removed.append(match.group(1))
-    for root in (CGROUP_V1, CGROUP_V2):
+    for root in (CGROUP_V1, CGROUP_V2, CGROUP_MEMORY_V1, *filter(None, [_own_v1_memory_group()])):
         for group in root.glob("gnnscale-*-m*") if root.is_dir() else ():
             match = re.fullmatch(r"gnnscale-(\d+)-m\d+", group.name)
-            if match and not _pid_alive(int(match.group(1))):
+            if match and not _pid_alive(int(match.group(1))) and group.is_dir():
                 _remove_group(group)
                 removed.append(str(group))
     return removed
