@@ -351,3 +351,15 @@ def test_machines_with_a_generous_memory_limit_train_normally(tmp_path):
     losses = {line.split()[-1] for line in done.stdout.splitlines() if "final loss" in line}
     assert len(losses) == 1 and float(losses.pop()) < 0.01, done.stdout
     assert not memory_groups_left()
+
+
+@needs_memory_groups
+def test_memory_groups_of_a_killed_harness_are_removed_by_the_next(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    group = emulated.make_memory_group(f"gnnscale-{dead.pid}-m0", 2**30)
+    try:
+        assert str(group) in emulated.remove_stale()
+    finally:
+        emulated._remove_group(group)
+    assert not group.exists()
