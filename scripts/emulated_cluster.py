@@ -10,7 +10,8 @@ veth pair whose egress is shaped to ``--rate`` (tc tbf); one torchrun agent per 
 Everything after ``--`` is torchrun's script and its arguments.  Output lines are prefixed
 ``[mI]`` and kept in ``--log-dir``.  ``--machine-memory-mb`` holds each machine's processes to a
 memory limit (a cgroup); a machine that goes over it is reported as OUT OF MEMORY.  Exit code: 0 when
-every machine exits 0, else the first failure's (an out-of-memory machine's first; 124 past ``--timeout``).  Details: docs/distributed.md, "Emulated cluster".
+every machine exits 0, else the first failure's (an out-of-memory machine's first; 124 past
+``--timeout``).  Details: docs/distributed.md, "Emulated cluster".
 """
 
 from __future__ import annotations

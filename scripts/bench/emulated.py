@@ -194,8 +194,8 @@ class ClusterSpec:
     def _check_memory(self) -> None:
         limits = self.memory_mb
         if isinstance(limits, tuple) and len(limits) != self.machines:
-            raise ValueError(f"{len(limits)} memory limit(s) for {self.machines} machines: give one MiB number for all, "
-                             f"or one per machine (0 = no limit), e.g. --machine-memory-mb 1536")
+            raise ValueError(f"{len(limits)} memory limit(s) for {self.machines} machines: give one MiB number for "
+                             f"all, or one per machine (0 = no limit), e.g. --machine-memory-mb 1536")
         values = limits if isinstance(limits, tuple) else () if limits is None else (limits,)
         if any(v < 0 or (v == 0 and not isinstance(limits, tuple)) for v in values):
             raise ValueError(f"machine memory limit {limits} MiB must be positive (0 = no limit only in a per-machine "
