@@ -8,8 +8,10 @@ Each machine is a network namespace with its own address on a private /24, joine
 veth pair whose egress is shaped to ``--rate`` (tc tbf); one torchrun agent per machine
 (``--nnodes K``, c10d rendezvous at machine 0), pinned to ``--cores-per-machine`` cores of its own.
 Everything after ``--`` is torchrun's script and its arguments.  Output lines are prefixed
-``[mI]`` and kept in ``--log-dir``.  Exit code: 0 when every machine exits 0, else the first
-failure's (124 past ``--timeout``).  Details: docs/distributed.md, "Emulated cluster".
+``[mI]`` and kept in ``--log-dir``.  ``--machine-memory-mb`` holds each machine's processes to a
+memory limit (a cgroup); a machine that goes over it is reported as OUT OF MEMORY.  Exit code: 0 when
+every machine exits 0, else the first failure's (an out-of-memory machine's first; 124 past
+``--timeout``).  Details: docs/distributed.md, "Emulated cluster".
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def machine_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of machine numbers, e.g. 1")
+
+
+def memory_limits(text: str) -> int | tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory limit in MiB, one for all machines or one per "
+                                         f"machine (0 = none), e.g. 1536 or 1536,1536,0")
+    return values[0] if len(values) == 1 else values
 
 
 def link_rate(text: str) -> str | None:
@@ -52,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slow-machines", type=machine_list, default=(), help="machines made slow, e.g. 1: a "
                         "CPU quota of --slow-factor of their cores (a cgroup), or a busy process sharing them")
     parser.add_argument("--slow-factor", type=float, default=0.5, help="share of their cores slow machines get")
+    parser.add_argument("--machine-memory-mb", type=memory_limits, default=None, help="memory limit in MiB of "
+                        "each machine's processes (a cgroup, swap included): one for all, or one per machine, "
+                        "0 = none; a machine over it is reported OUT OF MEMORY")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every machine is stopped")
     parser.add_argument("--log-dir", type=Path, default=ROOT / "runs" / "emulated_cluster")
     parser.add_argument("--cleanup", action="store_true", help="only remove namespaces and bridges of harnesses "
@@ -73,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("give the command after --, e.g. -- scripts/train_node_classification.py --partitions DIR")
         spec = ClusterSpec(machines=args.machines, rate=args.rate, cores_per_machine=args.cores_per_machine,
                            nproc_per_machine=args.nproc_per_machine, slow_machines=args.slow_machines,
-                           slow_factor=args.slow_factor)
+                           slow_factor=args.slow_factor, memory_mb=args.machine_memory_mb)
         with EmulatedCluster(spec, args.log_dir, echo=sys.stdout) as cluster:
             start = time.perf_counter()
             runs = cluster.run(command, timeout=args.timeout)
@@ -83,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted; the emulated cluster was removed", file=sys.stderr)
         return 130
-    # The machine that failed first by itself, not those the harness then stopped.
-    failed = sorted((r for r in runs if r.returncode != 0), key=lambda r: (r.stopped, r.seconds))
-    verdict = "all exited 0" if not failed else f"machine {failed[0].machine} exited {failed[0].returncode}"
+    # The machine that ran out of memory, else the one that failed first by itself, not those the harness
+    # then stopped.
+    failed = sorted((r for r in runs if r.returncode != 0 or r.out_of_memory),
+                    key=lambda r: (not r.out_of_memory, r.stopped, r.seconds))
+    verdict = "all exited 0" if not failed else failed[0].describe_failure()
+    hint = "; give it more memory with --machine-memory-mb" if failed and failed[0].out_of_memory else ""
     print(f"{spec.machines} machine(s) at {spec.rate or 'unshaped'}: {verdict} in {time.perf_counter() - start:.1f} s; "
-          f"logs in {args.log_dir}", file=sys.stderr if failed else sys.stdout)
-    code = failed[0].returncode if failed else 0
+          f"logs in {args.log_dir}{hint}", file=sys.stderr if failed else sys.stdout)
+    code = (failed[0].returncode or 137) if failed else 0
     return code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
 
 

@@ -231,3 +231,135 @@ def test_a_slow_machines_cgroup_holds_half_its_cores_in_10_ms_periods(tmp_path):
     finally:
         cluster.close()
     assert not group.exists()
+
+
+# Rank 1 holds MIB MiB (touched, MiB by MiB), then both ranks train a linear model for 50 all-reduced steps.
+ALLOCATE_AND_TRAIN = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, mib = dist.get_rank(), int(sys.argv[1])
+    held = [torch.ones(2**18) for _ in range(mib)] if rank == 1 else []
+    print(f"rank {rank} holds {len(held)} MiB", flush=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(256, 16)
+    for step in range(50):
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        opt.step()
+    print(f"rank {rank} final loss {loss.item():.6f}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def memory_group_problem() -> str | None:
+    if host_problem() is not None:
+        return host_problem()
+    try:
+        emulated._remove_group(emulated.make_memory_group(f"gnnscale-{os.getpid()}-probe", 2**30))
+    except ClusterError as error:
+        return str(error)
+    return None
+
+
+needs_memory_groups = pytest.mark.skipif(memory_group_problem() is not None,
+                                         reason=f"no memory-limited machines here: {memory_group_problem()}")
+
+
+def memory_groups_left() -> list[Path]:
+    roots = (emulated.CGROUP_V2, emulated.CGROUP_MEMORY_V1, emulated._own_v1_memory_group())
+    return [p for root in roots if root is not None and root.is_dir() for p in root.glob("gnnscale-*")]
+
+
+def limited_run(tmp_path: Path, limits: str, mib: int) -> tuple[subprocess.CompletedProcess, float]:
+    script = tmp_path / "allocate.py"
+    script.write_text(ALLOCATE_AND_TRAIN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(SCRIPT), "--log-dir", str(tmp_path / "logs"), "--rate", "none",
+                           "--machine-memory-mb", limits, "--timeout", "120", "--", str(script), str(mib)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=180)
+    return done, time.perf_counter() - start
+
+
+def test_spec_checks_memory_limits():
+    assert ClusterSpec(machines=2, memory_mb=1536).memory_limit_mb(1) == 1536
+    assert [ClusterSpec(machines=2, memory_mb=(0, 800)).memory_limit_mb(m) for m in (0, 1)] == [None, 800]
+    assert ClusterSpec(machines=2).memory_limit_mb(0) is None
+    with pytest.raises(ValueError, match="^3 memory limit\\(s\\) for 2 machines: give one MiB number for all"):
+        ClusterSpec(machines=2, memory_mb=(1, 2, 3))
+    for bad in (0, -5, (100, -1)):
+        with pytest.raises(ValueError, match="must be positive"):
+            ClusterSpec(machines=2, memory_mb=bad)
+
+
+def test_no_memory_controller_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(emulated, "CGROUP_V2", tmp_path / "v2")
+    monkeypatch.setattr(emulated, "CGROUP_MEMORY_V1", tmp_path / "v1")
+    monkeypatch.setattr(emulated, "_own_v1_memory_group", lambda: None)
+    with pytest.raises(ClusterError, match="^no writable cgroup memory controller here .* drop --machine-memory-mb$"):
+        emulated.make_memory_group("gnnscale-1-m0", 2**30)
+
+
+def test_oom_kills_are_read_from_v1_and_v2_counters(tmp_path):
+    v1, v2, old = tmp_path / "v1", tmp_path / "v2", tmp_path / "old"
+    for group in (v1, v2, old):
+        group.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n")
+    (old / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")
+    (old / "memory.failcnt").write_text("7\n")
+    assert [emulated.oom_kills(g) for g in (v1, v2, old, tmp_path / "gone")] == [3, 2, 1, 0]
+
+
+@needs_memory_groups
+def test_a_memory_group_holds_the_limit_swap_included_and_goes_on_close(tmp_path):
+    cluster = emulated.EmulatedCluster(ClusterSpec(machines=2, memory_mb=(0, 700)), tmp_path)
+    try:
+        cluster._make_memory_groups()
+        group = cluster._memory_groups[1]
+        assert 0 not in cluster._memory_groups
+        for name in ("memory.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"):
+            if (group / name).exists():
+                assert int((group / name).read_text()) == 700 * 2**20, name
+    finally:
+        cluster.close()
+    assert not group.exists()
+
+
+@needs_memory_groups
+def test_a_machine_over_its_memory_limit_is_reported_out_of_memory_promptly(tmp_path):
+    done, seconds = limited_run(tmp_path, "0,1200", 2000)
+    assert done.returncode != 0, done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert "machine 1 OUT OF MEMORY: its processes went over its 1200 MiB limit (" in last, last
+    assert "killed by the kernel)" in last, last
+    assert "rank 1 holds" not in done.stdout and "rank 0 final loss" not in done.stdout  # rank 0 waited, was stopped
+    assert seconds < 60, f"the out-of-memory run took {seconds:.1f} s to end"
+    assert not memory_groups_left()
+
+
+@needs_memory_groups
+def test_machines_with_a_generous_memory_limit_train_normally(tmp_path):
+    done, _ = limited_run(tmp_path, "1200", 200)  # the same limit as the run above
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 1 holds 200 MiB" in done.stdout
+    losses = {line.split()[-1] for line in done.stdout.splitlines() if "final loss" in line}
+    assert len(losses) == 1 and float(losses.pop()) < 0.01, done.stdout
+    assert not memory_groups_left()
+
+
+@needs_memory_groups
+def test_memory_groups_of_a_killed_harness_are_removed_by_the_next(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    group = emulated.make_memory_group(f"gnnscale-{dead.pid}-m0", 2**30)
+    try:
+        assert str(group) in emulated.remove_stale()
+    finally:
+        emulated._remove_group(group)
+    assert not group.exists()

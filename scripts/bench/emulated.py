@@ -7,7 +7,11 @@ no address and nothing routes there).  Each namespace's own egress is shaped by 
 link of rate R.  One ``torchrun`` agent runs per namespace (``--nnodes K --rdzv-backend c10d`` to
 machine 0's address), pinned with ``taskset`` to that machine's own cores: real multi-node torchrun,
 gloo over TCP between namespaces.  A "slow machine" runs under a CPU quota (a cgroup: half its cores'
-time by default), or where no cgroup is writable, shares its cores with a busy process.
+time by default), or where no cgroup is writable, shares its cores with a busy process.  A machine
+with a memory limit (``memory_mb``) runs in a memory cgroup (v2 ``memory.max`` where the v2 memory
+controller is enabled, else v1 ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``, so that
+it cannot swap past its limit); a run whose processes the kernel kills there is reported as out of
+memory (the group's ``oom_kill`` counter), and the harness stops the other machines as for any failure.
 
 Namespaces, links and processes are removed on every exit path (an exception, Ctrl-C, SIGTERM);
 leftovers of a harness killed with SIGKILL are removed by the next one (names carry the owner's pid).
@@ -33,6 +37,7 @@ RATE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
 RDZV_PORT = 29400
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup/unified")
+CGROUP_MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 _UNITS = {None: 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
@@ -108,10 +113,10 @@ def remove_stale() -> list[str]:
         if not _pid_alive(int(match.group(2))):
             _ip("link", "del", match.group(1), check=False)
             removed.append(match.group(1))
-    for root in (CGROUP_V1, CGROUP_V2):
+    for root in (CGROUP_V1, CGROUP_V2, CGROUP_MEMORY_V1, *filter(None, [_own_v1_memory_group()])):
         for group in root.glob("gnnscale-*-m*") if root.is_dir() else ():
             match = re.fullmatch(r"gnnscale-(\d+)-m\d+", group.name)
-            if match and not _pid_alive(int(match.group(1))):
+            if match and not _pid_alive(int(match.group(1))) and group.is_dir():
                 _remove_group(group)
                 removed.append(str(group))
     return removed
@@ -151,6 +156,9 @@ class ClusterSpec:
         slow_machines: machines made slow: a CPU quota of ``slow_factor`` of their cores (a cgroup), or
             where no cgroup CPU controller is writable, a busy process sharing their cores.
         slow_factor: the share of their cores slow machines get (0 < f < 1).
+        memory_mb: a memory limit in MiB for every machine (one number) or per machine (a tuple of K, 0 =
+            none); ``None`` = no limit.  Every process of a limited machine (its agent and ranks) is held
+            to it by a memory cgroup, swap included.
     """
 
     machines: int = 2
@@ -159,6 +167,7 @@ class ClusterSpec:
     nproc_per_machine: int = 1
     slow_machines: tuple[int, ...] = ()
     slow_factor: float = 0.5
+    memory_mb: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.slow_factor < 1:
@@ -170,6 +179,7 @@ class ClusterSpec:
         bad = [m for m in self.slow_machines if not 0 <= m < self.machines]
         if bad:
             raise ValueError(f"slow machine {bad[0]} does not exist: machines are 0..{self.machines - 1}")
+        self._check_memory()
         host = os.cpu_count() or 1
         if self.cores_wanted() > host + 1e-9:
             fit = host // self.machines
@@ -180,6 +190,21 @@ class ClusterSpec:
                              f"{self.cores_wanted():g} cores, but this host has {host}: machines pinned to shared cores "
                              f"would not run at the speed they emulate; {fix}, or make machines slow "
                              f"(--slow-machines) to give each a share of a core")
+
+    def _check_memory(self) -> None:
+        limits = self.memory_mb
+        if isinstance(limits, tuple) and len(limits) != self.machines:
+            raise ValueError(f"{len(limits)} memory limit(s) for {self.machines} machines: give one MiB number for "
+                             f"all, or one per machine (0 = no limit), e.g. --machine-memory-mb 1536")
+        values = limits if isinstance(limits, tuple) else () if limits is None else (limits,)
+        if any(v < 0 or (v == 0 and not isinstance(limits, tuple)) for v in values):
+            raise ValueError(f"machine memory limit {limits} MiB must be positive (0 = no limit only in a per-machine "
+                             f"list), e.g. --machine-memory-mb 1536")
+
+    def memory_limit_mb(self, machine: int) -> int | None:
+        """Machine ``machine``'s memory limit in MiB, ``None`` when it has none."""
+        limit = self.memory_mb[machine] if isinstance(self.memory_mb, tuple) else self.memory_mb
+        return limit or None
 
     def cores_wanted(self) -> float:
         """Host cores the machines are promised: ``cores_per_machine`` each, a slow machine's scaled by
@@ -203,6 +228,20 @@ class MachineRun:
     seconds: float
     log: Path
     stopped: bool = False
+    memory_mb: int | None = None
+    oom_kills: int = 0
+    """Processes of this machine the kernel killed for going over ``memory_mb`` during this run."""
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.oom_kills > 0
+
+    def describe_failure(self) -> str:
+        """One line: the machine and how it ended (OUT OF MEMORY with its limit, or its exit code)."""
+        if self.out_of_memory:
+            return (f"machine {self.machine} OUT OF MEMORY: its processes went over its {self.memory_mb} MiB limit "
+                    f"({self.oom_kills} killed by the kernel)")
+        return f"machine {self.machine} exited {self.returncode}"
 
 
 @dataclass
@@ -221,6 +260,8 @@ class EmulatedCluster:
     _made: list[str] = field(init=False, default_factory=list)
     _groups: dict[int, Path] = field(init=False, default_factory=dict)
     """Slow machine -> the cgroup holding its processes to their CPU quota (none where not writable)."""
+    _memory_groups: dict[int, Path] = field(init=False, default_factory=dict)
+    """Machine with a memory limit -> the memory cgroup holding its processes to it."""
 
     def __post_init__(self) -> None:
         self.tag = str(os.getpid())
@@ -244,6 +285,7 @@ class EmulatedCluster:
         try:
             self._make_links()
             self._make_cpu_groups()
+            self._make_memory_groups()
         except BaseException:
             self.close()
             raise
@@ -286,9 +328,10 @@ class EmulatedCluster:
             else:
                 _ip("link", "del", name, check=False)
         self._made.clear()
-        for group in self._groups.values():
+        for group in [*self._groups.values(), *self._memory_groups.values()]:
             _remove_group(group)
         self._groups.clear()
+        self._memory_groups.clear()
         for sig, handler in getattr(self, "_previous", {}).items():
             signal.signal(sig, handler)
         self._previous = {}
@@ -324,14 +367,18 @@ class EmulatedCluster:
                 for m in self.spec.slow_machines if m not in self._groups]
         run_id = f"{name}-{self.tag}-{time.monotonic_ns()}"
         logs = [self.log_dir / f"{name}-machine{m}.log" for m in range(self.spec.machines)]
+        before = {m: oom_kills(group) for m, group in self._memory_groups.items()}
         start = time.perf_counter()
         agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ",
-                              group=self._groups.get(m)) for m in range(self.spec.machines)]
+                              groups=[g for g in (self._groups.get(m), self._memory_groups.get(m)) if g is not None])
+                  for m in range(self.spec.machines)]
         seconds, stopped = [0.0] * len(agents), set()
         codes = self._wait(agents, seconds, stopped, start, timeout)
         for process in busy + agents:
             _stop_group(process)
-        return [MachineRun(m, codes[m], seconds[m], logs[m], m in stopped) for m in range(len(agents))]
+        killed = {m: oom_kills(group) - before[m] for m, group in self._memory_groups.items()}
+        return [MachineRun(m, codes[m], seconds[m], logs[m], m in stopped, self.spec.memory_limit_mb(m),
+                           killed.get(m, 0)) for m in range(len(agents))]
 
     def _wait(self, agents: list[subprocess.Popen], seconds: list[float], stopped: set[int], start: float,
               timeout: float) -> list[int]:
@@ -371,10 +418,18 @@ class EmulatedCluster:
                 self._groups[m] = group
                 break
 
+    def _make_memory_groups(self) -> None:
+        """A memory cgroup per machine with a limit; a one-line ClusterError where none can be made."""
+        for m in range(self.spec.machines):
+            limit = self.spec.memory_limit_mb(m)
+            if limit is not None:
+                self._memory_groups[m] = make_memory_group(f"gnnscale-{self.tag}-m{m}", limit * 2**20)
+
     def _start(self, command: list[str], log: Path | None, prefix: str = "",
-               group: Path | None = None) -> subprocess.Popen:
-        if group is not None:  # joins the cgroup before exec, so every child it starts is in it too
-            command = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *command]
+               groups: Sequence[Path] = ()) -> subprocess.Popen:
+        if groups:  # joins the cgroups before exec, so every child it starts is in them too
+            joins = " && ".join(f'echo $$ > "{group}/cgroup.procs"' for group in groups)
+            command = ["sh", "-c", f'{joins} && exec "$@"', "sh", *command]
         out = subprocess.PIPE if log is not None else subprocess.DEVNULL
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.machine_env(),
                                    start_new_session=True, text=True)
@@ -416,6 +471,81 @@ def _stop_group(process: subprocess.Popen) -> None:
 def _write_v1_quota(group: Path, quota: int, period: int) -> None:
     (group / "cpu.cfs_period_us").write_text(str(period))
     (group / "cpu.cfs_quota_us").write_text(str(quota))
+
+
+def _v2_memory_enabled() -> bool:
+    try:
+        return "memory" in (CGROUP_V2 / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return False
+
+
+def _own_v1_memory_group() -> Path | None:
+    """This process's own v1 memory cgroup (groups made inside it stay under its limits), if any."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(",") and path.strip("/"):
+            return CGROUP_MEMORY_V1 / path.strip("/")
+    return None
+
+
+def _write_memory_limit(group: Path, limit: int) -> None:
+    if (group / "memory.max").exists():  # v2: the limit, and no swap beyond it
+        (group / "memory.max").write_text(str(limit))
+        if (group / "memory.swap.max").exists():
+            (group / "memory.swap.max").write_text("0")
+        return
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    if (group / "memory.memsw.limit_in_bytes").exists():  # memory + swap: not a byte more than the limit
+        (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+
+
+def make_memory_group(name: str, limit: int) -> Path:
+    """A memory cgroup ``name`` limited to ``limit`` bytes: v2 where its memory controller is enabled, else
+    v1 (inside this process's own memory group, else at the root).
+
+    Raises:
+        ClusterError: no memory controller is writable here.
+    """
+    parents = [CGROUP_V2] if _v2_memory_enabled() else []
+    parents += [p for p in (_own_v1_memory_group(), CGROUP_MEMORY_V1) if p is not None]
+    for parent in parents:
+        group = parent / name
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            _write_memory_limit(group, limit)
+        except OSError:
+            group.rmdir()
+            continue
+        return group
+    raise ClusterError(f"no writable cgroup memory controller here (v2 memory.max in {CGROUP_V2}, v1 "
+                       f"{CGROUP_MEMORY_V1}): machines cannot be given a memory limit; run as root on a host with "
+                       f"the memory controller, or drop --machine-memory-mb")
+
+
+def oom_kills(group: Path) -> int:
+    """Processes the kernel has killed in ``group`` for going over its limit (v2 ``memory.events``, v1
+    ``memory.oom_control``; v1 kernels without the count: 1 when the limit was hit, ``memory.failcnt``)."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            text = (group / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    try:
+        return int(int((group / "memory.failcnt").read_text()) > 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _remove_group(group: Path) -> None:
