@@ -41,6 +41,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -389,16 +390,25 @@ def _centroids(config: SyntheticConfig, rng: np.random.Generator) -> np.ndarray:
 
 def _features(config: SyntheticConfig, labels: np.ndarray, root: np.random.SeedSequence) -> np.ndarray:
     """float32 [N, F]: class centroid plus Gaussian noise, filled block by block."""
+    features = np.empty((config.num_nodes, config.feat_dim), dtype=np.float32)
+    for _ in fill_features(config, labels, root, features):
+        pass
+    return features
+
+
+def fill_features(config: SyntheticConfig, labels: np.ndarray, root: np.random.SeedSequence,
+                  out: np.ndarray) -> Iterator[int]:
+    """Fill ``out`` (float32 [N, F], e.g. a writable memory map) block by block with the centroid-plus-noise
+    features; yields the end row of each block once it is written, so a caller can hand its pages back."""
     n = config.num_nodes
     centroids = _centroids(config, np.random.default_rng(root.spawn(1)[0]))
-    features = np.empty((n, config.feat_dim), dtype=np.float32)
     noise = np.float32(config.feature_noise)
     for seed, s in zip(root.spawn(-(-n // _BLOCK)), range(0, n, _BLOCK)):
-        rows = features[s:s + _BLOCK]
+        rows = out[s:s + _BLOCK]
         np.random.default_rng(seed).standard_normal(out=rows, dtype=np.float32)
         rows *= noise
         rows += centroids[labels[s:s + _BLOCK]]
-    return features
+        yield s + rows.shape[0]
 
 
 def _split_masks(config: SyntheticConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
