@@ -108,6 +108,8 @@ def test_edge_features_without_them_are_refused() -> None:
                                  val_mask=np.ones(20, bool), test_mask=np.ones(20, bool))
     with pytest.raises(ValueError, match="edge_features=True needs a graph with edge features"):
         gs.NodeLoader(graph, fanouts=[2], edge_features=True)
+    with pytest.raises(ValueError, match="edge_features=True needs a graph with edge features"):
+        gs.LinkLoader(graph, torch.tensor([[0], [1]]), fanouts=[2], edge_features=True)
     with pytest.raises(ValueError, match="edge_features are used by the gat model only"):
         gs.ModelConfig(model="sage", edge_features=True)
     with_edges = gs.Graph.from_arrays(np.array([0, 1, 2, 2]), np.array([1, 2, 0, 2]), features=rng.random((3, 2)),
@@ -181,3 +183,13 @@ def test_link_trainer_trains_gat_with_edge_features(tmp_path: Path) -> None:
         result = trainer.fit()
         assert before and all(not torch.equal(v, trainer.encoder.state_dict()[k]) for k, v in before.items())
         assert 0 <= result.test <= 1
+
+
+def test_explicit_edge_ids_must_match_the_edges() -> None:
+    from samplers.distributed import LocalGraph
+
+    graph = LocalGraph(np.array([0, 2, 3]), np.array([1, 0, 0]), start=0, edge_ids=np.array([7, 9, 4]))
+    src, counts, ids = graph.sample(torch.tensor([0, 1]), -1, False, None, with_edges=True)
+    assert ids.tolist() == [7, 9, 4] and src.tolist() == [1, 0, 0]
+    with pytest.raises(ValueError, match=r"edge_ids must hold one id per stored edge \(3\), got 2"):
+        LocalGraph(np.array([0, 2, 3]), np.array([1, 0, 0]), start=0, edge_ids=np.array([7, 9]))
