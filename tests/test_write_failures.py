@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,9 +33,13 @@ TIMEOUT = 300
 
 
 def tree_digest(folder: Path) -> str:
-    """One hash of every path and file content under ``folder``."""
+    """One hash of every path and file content under ``folder``, the writers' temporaries aside.
+
+    A temporary (``.name.tmp-PID``) opened just before the freeze is still written through its open
+    descriptor, and the immutable folder keeps the writer from removing it: the freeze's own artefact,
+    not a kept file changed (a full disk or an I/O error lets the writer remove it)."""
     digest = hashlib.sha256()
-    for path in sorted(folder.rglob("*")):
+    for path in sorted(p for p in folder.rglob("*") if not re.fullmatch(r"\..+\.tmp-\d+", p.name)):
         digest.update(str(path.relative_to(folder)).encode())
         if path.is_file():
             digest.update(path.read_bytes())
