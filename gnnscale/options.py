@@ -84,7 +84,7 @@ RANGES: dict[str, tuple[float, float | None, bool]] = {
     **dict.fromkeys(("--weight-decay", "--patience", "--num-workers", "--checkpoint-every", "--cache-mb", "--split",
                      "--staleness", "--halo-hops", "--seed", "--prefetch", "--topology-budget-mb",
                      "--memory-cache-rows"), (0, None, True)),
-    **dict.fromkeys(("--lr", "--failure-timeout", "--avg-degree"), (0, None, False)),
+    **dict.fromkeys(("--lr", "--failure-timeout", "--avg-degree", "--memory-budget"), (0, None, False)),
     "--num-classes": (2, None, True),
 }
 """Valid values of numeric options, by name: ``(low, high, low_included)``; ``high`` is excluded, None = unbounded."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset, csc_from_edges
+from gnnscale.data.pages import release_rows
 from partition.config import PartitionConfig
 from partition.rebalance import rebalance
 from partition.segments import node_chunks
@@ -230,14 +231,15 @@ def is_symmetric_without_loops(indptr: np.ndarray, indices: np.ndarray) -> bool:
     """
     num_nodes = indptr.shape[0] - 1
     degrees = np.diff(indptr)
-    if not np.array_equal(np.bincount(indices, minlength=num_nodes), degrees):
+    if not np.array_equal(out_degrees(indices, num_nodes), degrees):
         return False  # some node's out-degree differs from its in-degree
     forward = reverse = 0  # Python ints reduced modulo 2**64: numpy scalars warn when they wrap
     previous = -1
     # Cache-sized chunks, hashed in place: this pass costs about as much as reading the edges twice.
     for lo, hi in node_chunks(indptr, max_edges=1 << 20):
         dst = np.repeat(np.arange(lo, hi, dtype=np.int64), degrees[lo:hi])
-        src = np.asarray(indices[indptr[lo]:indptr[hi]])
+        src = np.array(indices[indptr[lo]:indptr[hi]])
+        release_rows(indices, int(indptr[lo]), int(indptr[hi]))  # an on-disk CSC: its pages back to the cache
         if src.size == 0:
             continue
         if np.any(src == dst):
@@ -254,6 +256,16 @@ def is_symmetric_without_loops(indptr: np.ndarray, indices: np.ndarray) -> bool:
         keys += dst
         reverse = (reverse + _hash_sum(keys, scratch)) % 2**64
     return forward == reverse
+
+
+def out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 26) -> np.ndarray:
+    """int64 [N]: how often each node appears in ``indices``, counted a chunk at a time (an on-disk CSC's pages
+    go back to the page cache as the count leaves them)."""
+    counts = np.zeros(num_nodes, dtype=np.int64)
+    for lo in range(0, indices.shape[0], chunk):
+        counts += np.bincount(indices[lo:lo + chunk], minlength=num_nodes)
+        release_rows(indices, lo, lo + chunk)
+    return counts
 
 
 def _hash_sum(keys: np.ndarray, scratch: np.ndarray) -> int:

@@ -7,16 +7,20 @@ fails to load, an existing ``--out``); 130 when interrupted.  Every failure is o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shlex
 import signal
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 from gnnscale.data.cli import add_dataset_arguments, dataset_from_args
+from gnnscale.data.dataset import GraphDataset
 from gnnscale.options import Parser, check_out, check_ranges
 from partition.config import BALANCE_CONSTRAINTS, METHODS, PartitionConfig
+from partition.external import OutOfCorePlan, edge_file_rows, in_memory_bytes, load_out_of_core, plan_memory
 from partition.format import PartitionError
 from partition.partitioner import partition_graph
 from partition.report import StageMonitor, format_report
@@ -56,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--no-rebalance", action="store_true", help="keep METIS' (or KaMinPar's) assignment even "
                        "where it misses its balance tolerance (1.03 per constraint): smaller cut, worse balance")
     group.add_argument("--halo-hops", type=int, default=1, help="list non-owned nodes within this many in-hops")
+    lean = parser.add_argument_group("memory (an edge-list folder: --dataset edgelist)")
+    lean.add_argument("--out-of-core", action="store_true", help="never hold the edge list: build the CSC on disk "
+                      "by an external sort (chunks of edges.npy or the text file, buckets merged one at a time), "
+                      "then partition and write from memory-mapped arrays; the same folder as without it")
+    lean.add_argument("--memory-budget", type=float, metavar="MIB", help="MiB the command may hold: picks the "
+                      "out-of-core chunk sizes, switches to --out-of-core when the in-memory estimate is above it, "
+                      "and refuses in one line a graph that cannot fit (estimates: docs/partitioning.md)")
+    lean.add_argument("--scratch-dir", type=Path, help="where --out-of-core keeps its sorted buckets and CSC "
+                      "(about 16 bytes per edge, removed at the end); default: beside --out")
     group.add_argument("--force", action="store_true", help="replace an existing partition folder (only once "
                        "the new one is complete)")
     parser.add_argument("--quiet", action="store_true", help="no per-stage progress lines")
@@ -105,10 +118,11 @@ def partition_main(argv: list[str], command: str) -> int:
         check_output(args.out, args.force)  # before a load that may take minutes
         check_out(args.out)
         monitor = StageMonitor(log.info)
-        with monitor.stage("load"):  # features read page by page when written, never all resident
-            dataset = dataset_from_args(args, map_features=True)
-        log.info("loaded %r", dataset)
-        manifest = partition_graph(dataset, args.out, config, force=args.force, command=command, monitor=monitor)
+        with contextlib.ExitStack() as scratch:  # the out-of-core CSC lives until the folder is written
+            dataset = _load(args, config, monitor, scratch)
+            log.info("loaded %r", dataset)
+            manifest = partition_graph(dataset, args.out, config, force=args.force, command=command,
+                                       monitor=monitor)
     except (ValueError, OSError) as exc:  # bad input, a dataset that fails to load, an existing --out
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -120,6 +134,41 @@ def partition_main(argv: list[str], command: str) -> int:
     print(format_report(manifest))
     print(f"wrote {args.out} ({config.num_parts} partitions); check it with: gnnscale-partition verify {args.out}")
     return 0
+
+
+def _load(args: argparse.Namespace, config: PartitionConfig, monitor: StageMonitor,
+          scratch: contextlib.ExitStack) -> GraphDataset:
+    """The dataset to partition: in memory, or with ``--out-of-core`` (or a ``--memory-budget`` the in-memory
+    pipeline would exceed) its CSC built on disk in a scratch folder that ``scratch`` removes."""
+    lean, plan = args.out_of_core, OutOfCorePlan()
+    if args.dataset != "edgelist":
+        if lean or args.memory_budget is not None:
+            raise ValueError(f"--{'out-of-core' if lean else 'memory-budget'} reads an edge-list folder, not "
+                             f"--dataset {args.dataset}: write the graph as one (edges.npy, features.npy, labels.npy;"
+                             f" gnnscale/data/edgelist.py) and pass --dataset edgelist --data-dir DIR")
+    elif lean or args.memory_budget is not None:
+        num_nodes, rows = edge_file_rows(Path(args.data_dir))
+        if not lean and in_memory_bytes(config.method, rows) > args.memory_budget * 2**20:
+            log.info("the in-memory pipeline would need about %.0f MiB, above --memory-budget %g MiB: out of core",
+                     in_memory_bytes(config.method, rows) / 2**20, args.memory_budget)
+            lean = True
+        if lean:  # the file's rows stand for the entries until the sort has counted them
+            plan = plan_memory(args.memory_budget, num_nodes, rows, method=config.method,
+                               context=config.kaminpar_context)
+    if not lean:
+        with monitor.stage("load"):  # features read page by page when written, never all resident
+            return dataset_from_args(args, map_features=True)
+    parent = args.scratch_dir or next(p for p in [args.out.absolute(), *args.out.absolute().parents] if p.is_dir())
+    check_out(parent, "--scratch-dir")
+    folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix=f".{args.out.name}.scratch-",
+                                                                    dir=parent)))
+    log.info("out of core: edges read %s rows at a time, buckets of up to %s keys, in %s", f"{plan.chunk_edges:,}",
+             f"{plan.bucket_edges:,}", folder)
+    with monitor.stage("load"):  # count, scatter and sort are its parts
+        dataset = load_out_of_core(Path(args.data_dir), folder, plan, seed=args.seed, stage=monitor.stage)
+    plan_memory(args.memory_budget, dataset.num_nodes, dataset.num_edges, method=config.method,
+                context=config.kaminpar_context)  # the exact count: refuse before the partitioner runs
+    return dataset
 
 
 def verify_main(argv: list[str]) -> int:

@@ -25,6 +25,7 @@ from types import ModuleType
 
 import numpy as np
 
+from gnnscale.data.pages import release_rows
 from partition.config import PartitionConfig
 
 log = logging.getLogger("partition")
@@ -83,6 +84,7 @@ def write_parhip(path: Path, xadj: np.ndarray, adjncy: np.ndarray, node_weights:
         (np.asarray(xadj, dtype=np.uint64) * np.uint64(np.dtype(id_dtype).itemsize) + np.uint64(base)).tofile(file)
         for lo in range(0, num_entries, _CHUNK):
             np.asarray(adjncy[lo:lo + _CHUNK]).astype(id_dtype).tofile(file)
+            release_rows(adjncy, lo, lo + _CHUNK)  # a memory-mapped CSC's pages go back to the page cache
         if node_weights is not None:
             np.asarray(node_weights, dtype=np.int64).tofile(file)
 

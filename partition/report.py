@@ -37,6 +37,7 @@ class StageMonitor:
         self.interval = interval
         self.records: dict[str, dict[str, float]] = {}
         self._process = psutil.Process()
+        self._open: list[str] = []  # the stages running now, outermost first: a stage inside another is its part
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -51,23 +52,27 @@ class StageMonitor:
         sampler = threading.Thread(target=sample, name=f"rss-{name}", daemon=True)
         sampler.start()
         start = time.perf_counter()
+        within = self._open[-1] if self._open else None
+        self._open.append(name)
         try:
             yield
         finally:
+            self._open.pop()
             seconds = time.perf_counter() - start
             done.set()
             sampler.join()
             end_rss, end_peak = self._process.memory_info().rss, _high_water_bytes()
             peak = end_peak if end_peak > start_peak else max(sampled[0], end_rss)
             self.records[name] = {"seconds": round(seconds, 3), "peak_rss_gib": round(peak / _GIB, 3),
-                                  "rss_end_gib": round(end_rss / _GIB, 3)}
+                                  "rss_end_gib": round(end_rss / _GIB, 3), **({"within": within} if within else {})}
         if self.log is not None:
-            self.log(f"{name:<9} {seconds:7.1f} s   peak RSS {peak / _GIB:6.2f} GiB   RSS after {end_rss / _GIB:6.2f} GiB")
+            self.log(f"{('  ' if within else '') + name:<9} {seconds:7.1f} s   peak RSS {peak / _GIB:6.2f} GiB   "
+                     f"RSS after {end_rss / _GIB:6.2f} GiB")
 
     def summary(self) -> dict[str, Any]:
         """The stage records plus ``total_seconds`` and ``peak_rss_gib`` (the process' high-water mark)."""
         return {"stages": dict(self.records),
-                "total_seconds": round(sum(r["seconds"] for r in self.records.values()), 3),
+                "total_seconds": round(sum(r["seconds"] for r in self.records.values() if "within" not in r), 3),
                 "peak_rss_gib": round(_high_water_bytes() / _GIB, 3)}
 
 
@@ -137,7 +142,8 @@ def format_report(manifest: dict) -> str:
     stages = manifest.get("stages", {})
     if stages.get("stages"):
         lines.append(f"{'stage':<9}  {'seconds':>8}  {'peak RSS GiB':>12}")
-        for name, record in stages["stages"].items():
+        for name, record in stages["stages"].items():  # a stage's parts come before it, indented
+            name = f"  {name}" if "within" in record else name
             lines.append(f"{name:<9}  {record['seconds']:>8.2f}  {record['peak_rss_gib']:>12.2f}")
         lines.append(f"{'total':<9}  {stages['total_seconds']:>8.2f}  {stages['peak_rss_gib']:>12.2f}")
     return "\n".join(lines)

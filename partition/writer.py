@@ -19,7 +19,7 @@ from gnnscale.data.dataset import GraphDataset
 from partition.book import PartitionBook
 from partition.format import MANIFEST, ArrayWriter, part_file
 from partition.halo import expand_halo
-from gnnscale.data.pages import release_rows
+from gnnscale.data.pages import release_map, release_rows
 from partition.segments import gather_segments, node_chunks
 
 _FEATURE_CHUNK_BYTES = 16 << 20
@@ -67,6 +67,7 @@ def write_partitions(dataset: GraphDataset, book: PartitionBook, new2orig: np.nd
         marked[first_hop] = False
         halo = expand_halo(first_hop, (start, end), halo_hops, book.num_nodes, in_neighbors) if halo_hops \
             else np.zeros(0, dtype=np.int64)
+        release_map(dataset.indices)  # an out-of-core CSC: what this partition read goes back to the page cache
         writer.write(part_file(part, "halo_ids"), halo)
         writer.write(part_file(part, "orig_ids"), owned)
         _write_node_data(dataset, part, owned, writer)

@@ -2,6 +2,7 @@
 
     python scripts/bench_partition_methods.py                 # 1M nodes, ~19M stored edges, 100-d features, K=4
     python scripts/bench_partition_methods.py --graph DIR     # reuse an edge-list folder (skip generation)
+    python scripts/bench_partition_methods.py --out-of-core default   # also KaMinPar with --out-of-core
     python scripts/bench_partition_methods.py --num-nodes 3000 --datasets '' --out /tmp/x.json   # a smoke run
 
 The graph is the repository's community-structured synthetic graph (``generate_synthetic``: planted
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-parts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic graph")
     parser.add_argument("--contexts", default="default,fast", help="KaMinPar contexts to run, comma-separated")
+    parser.add_argument("--out-of-core", default="", metavar="CONTEXTS", help="KaMinPar contexts to run also with "
+                        "--out-of-core (the CSC built on disk by an external sort), comma-separated; e.g. default")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--graph", type=Path, default=None, help="an existing edge-list folder to partition "
                         "(default: generate the synthetic graph into the work folder)")
@@ -71,10 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def sides(contexts: str) -> list[tuple[str, list[str]]]:
-    """``(name, extra partition options)`` of each side: METIS first, then one per KaMinPar context."""
+def sides(contexts: str, out_of_core: str = "") -> list[tuple[str, list[str]]]:
+    """``(name, extra partition options)`` of each side: METIS first, then one per KaMinPar context, then one per
+    context of ``out_of_core`` with ``--out-of-core`` (named ``kaminpar:C:ooc``)."""
     return [("metis", ["--method", "metis"])] + [
-        (f"kaminpar:{c}", ["--method", "kaminpar", "--kaminpar-context", c]) for c in contexts.split(",") if c]
+        (f"kaminpar:{c}", ["--method", "kaminpar", "--kaminpar-context", c]) for c in contexts.split(",") if c] + [
+        (f"kaminpar:{c}:ooc", ["--method", "kaminpar", "--kaminpar-context", c, "--out-of-core"])
+        for c in out_of_core.split(",") if c]
 
 
 def partition_once(data: list[str], options: list[str], out: Path, log: Path, timeout: float) -> tuple[dict, dict]:
@@ -185,9 +191,9 @@ def main() -> None:
         edges = np.load(folder / "edges.npy", mmap_mode="r")
         graph = {"dir": folder, "edges": edges, "train": np.load(folder / "train_mask.npy")[0]}
         facts = {"num_nodes": int(graph["train"].shape[0]), "num_stored_edges": 2 * int(edges.shape[0])}
-        results: dict[str, list[dict]] = {name: [] for name, _ in sides(args.contexts)}
+        results: dict[str, list[dict]] = {name: [] for name, _ in sides(args.contexts, args.out_of_core)}
         for repeat in range(args.repeats):
-            order = sides(args.contexts)
+            order = sides(args.contexts, args.out_of_core)
             for name, options in order if repeat % 2 == 0 else order[::-1]:
                 results[name].append(measure(name, options, args, work, graph, repeat))
         rebalance_table = real_datasets(args, work)

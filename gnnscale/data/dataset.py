@@ -115,8 +115,9 @@ class GraphDataset:
         if self.indptr[0] != 0 or self.indptr[-1] != self.indices.shape[0] or np.any(np.diff(self.indptr) < 0):
             raise fail(src, "indptr", "offsets are not non-decreasing from 0 to num_edges",
                        "rebuild the graph structure from an edge list")
-        if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= n):
-            bad = int(self.indices.max()) if self.indices.max() >= n else int(self.indices.min())
+        low, high = _min_max(self.indices)
+        if self.indices.size and (low < 0 or high >= n):
+            bad = high if high >= n else low
             raise fail(src, "edges", f"node id {bad} is out of range [0, {n})",
                        "check the edge list against the number of nodes (ids must be 0-based)")
         check_features(self.features, n, src)
@@ -147,6 +148,18 @@ class GraphDataset:
         return (f"GraphDataset(name={self.name!r}, num_nodes={self.num_nodes:,}, num_edges={self.num_edges:,}, "
                 f"num_features={self.num_features}, num_classes={self.num_classes}, num_splits={self.num_splits}, "
                 f"metric={self.metric!r})")
+
+
+def _min_max(values: np.ndarray) -> tuple[int, int]:
+    """``(min, max)`` of a 1-d integer array (``(0, 0)`` when empty), read in chunks: a memory-mapped one's
+    pages go back to the page cache as the pass leaves them (:mod:`gnnscale.data.pages`)."""
+    low, high, starts = 0, 0, row_chunks(values)
+    for i, lo in enumerate(starts):
+        chunk = values[lo:lo + starts.step]
+        low, high = (int(chunk.min()), int(chunk.max())) if i == 0 else \
+            (min(low, int(chunk.min())), max(high, int(chunk.max())))
+        release_rows(values, lo, lo + chunk.shape[0])
+    return low, high
 
 
 def check_features(features: np.ndarray, num_nodes: int, source: str, name: str = "features") -> np.ndarray:
@@ -223,7 +236,7 @@ MAX_KEYED_NODES = 3_037_000_499
 _NODE_CHUNK = 1 << 16  # destinations whose keys are turned into sources at a time
 
 
-def _drop_repeats(key: np.ndarray) -> np.ndarray:
+def drop_repeats(key: np.ndarray) -> np.ndarray:
     """Sorted int64 ``key`` without repeated values: compacted in place, chunk by chunk (each chunk is written
     at or before where it was read), then shrunk; ``key`` itself when nothing repeats."""
     size = key.shape[0]
@@ -260,6 +273,17 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
     if num_nodes > MAX_KEYED_NODES:
         raise ValueError(f"num_nodes={num_nodes:,} is too many for one int64 edge key (dst * num_nodes + src): at "
                          f"most {MAX_KEYED_NODES:,} nodes; relabel the ids compactly (0..n-1 over the nodes in use)")
+    key = sorted_edge_keys(src, dst, num_nodes, symmetrize=symmetrize, remove_self_loops=remove_self_loops,
+                           dedup=dedup)
+    # Destination v's keys are [v * N, (v + 1) * N): offsets by binary search, then sources.
+    indptr = np.searchsorted(key, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
+    return indptr, keys_to_sources(key, indptr, 0, num_nodes)
+
+
+def sorted_edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetrize: bool = False,
+                     remove_self_loops: bool = True, dedup: bool = True) -> np.ndarray:
+    """Sorted int64 keys ``dst * num_nodes + src`` of the edges (and of their reverses with ``symmetrize``),
+    without self loops and repeats unless asked to keep them: what a CSC is built from."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     if remove_self_loops:
@@ -269,7 +293,7 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
     # One int64 key per edge, dst-major: sorting groups in-edges by destination and makes
     # duplicates adjacent.  Built, sorted, reduced and turned into sources in place (no concatenated
     # copies of src/dst, no copy for the deduplicated keys, per-chunk temporaries only): the keys are
-    # the one edge-sized array this function allocates.
+    # the one edge-sized array this builds.
     num = src.shape[0]
     key = np.empty(2 * num if symmetrize else num, dtype=np.int64)
     np.multiply(dst, num_nodes, out=key[:num])
@@ -280,14 +304,16 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, symmetri
     # Integers need no stable sort: numpy's in-place quicksort (SIMD where the CPU has it) took 0.43 s
     # for 19M keys here, timsort 1.68 s and a buffer of half the keys.
     key.sort()
-    if dedup and key.size:
-        key = _drop_repeats(key)
-    # Destination v's keys are [v * N, (v + 1) * N): offsets by binary search, then sources
-    # by subtracting each key's destination (cheaper than an integer division per edge).
-    indptr = np.searchsorted(key, np.arange(num_nodes + 1, dtype=np.int64) * num_nodes).astype(np.int64)
-    indices = key
-    for lo in range(0, num_nodes, _NODE_CHUNK):
-        hi = min(num_nodes, lo + _NODE_CHUNK)
-        indices[indptr[lo]:indptr[hi]] -= np.repeat(np.arange(lo, hi, dtype=np.int64) * num_nodes,
-                                                     np.diff(indptr[lo:hi + 1]))
-    return indptr, indices
+    return drop_repeats(key) if dedup and key.size else key
+
+
+def keys_to_sources(key: np.ndarray, offsets: np.ndarray, first: int, num_nodes: int) -> np.ndarray:
+    """The sorted keys of destinations ``first, first + 1, ...`` (``offsets``: int [D + 1], where each one's keys
+    start) turned into their sources in place, by subtracting each key's destination times ``num_nodes`` (cheaper
+    than an integer division per edge), a slice of destinations at a time; returns ``key``."""
+    base = int(offsets[0])
+    for lo in range(0, offsets.shape[0] - 1, _NODE_CHUNK):
+        hi = min(offsets.shape[0] - 1, lo + _NODE_CHUNK)
+        key[offsets[lo] - base:offsets[hi] - base] -= np.repeat(
+            np.arange(first + lo, first + hi, dtype=np.int64) * num_nodes, np.diff(offsets[lo:hi + 1]))
+    return key

@@ -22,20 +22,24 @@ Arrays are read with ``allow_pickle=False``: an ``.npy`` holding Python objects 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
-from gnnscale.data.dataset import GraphDataset, check_features, check_labels, fail
+from gnnscale.data.dataset import DatasetError, GraphDataset, check_features, check_labels, fail
+from gnnscale.data.pages import release_rows
 from gnnscale.data.loaders import check_split_masks, edges_to_csc, random_split, require_dir, require_file
 
+BuildCSC = Callable[[Path, int, bool], tuple[np.ndarray, np.ndarray]]
+"""``build_csc(edge file, num_nodes, symmetrize) -> (indptr, indices)``: see :func:`load_edgelist`."""
 _FORMAT_FIX = "see gnnscale/data/edgelist.py for the folder layout"
 _MASK_NAMES = ("train_mask", "val_mask", "test_mask")
 
 
 def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 0,
                   num_classes: int | None = None, name: str | None = None,
-                  mmap_features: bool = False) -> GraphDataset:
+                  mmap_features: bool = False, build_csc: BuildCSC | None = None) -> GraphDataset:
     """Load a graph from an edge-list folder.
 
     Args:
@@ -47,6 +51,10 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
         mmap_features: keep a float32 ``features.npy`` memory-mapped read-only, its pages released after each
             pass (what ``python -m partition`` does: the features are then never resident as a whole); off,
             they are read into memory, writable, as training wants them.
+        build_csc: ``build_csc(edge file, num_nodes, symmetrize)`` returns the CSC ``(indptr, indices)`` that
+            :func:`~gnnscale.data.loaders.edges_to_csc` would (ids checked, self loops and repeats dropped);
+            the out-of-core partition pipeline (:mod:`partition.external`) passes one that never holds the
+            edges.  None: read the whole edge list and sort it in memory.
 
     Returns:
         A :class:`GraphDataset` with self loops and duplicate edges removed.
@@ -64,10 +72,13 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
 
     features_path = require_file(folder / "features.npy", "features", f"save the features with np.save; {_FORMAT_FIX}")
     # The edges first, and dropped once in CSC form: the raw list and the features are never held together.
-    edge_path = _find_edge_file(folder)
-    src, dst = _read_edges(edge_path)
-    indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
-    del src, dst
+    edge_path = find_edge_file(folder)
+    if build_csc is None:
+        src, dst = _read_edges(edge_path)
+        indptr, indices = edges_to_csc(src, dst, num_nodes, str(edge_path), symmetrize=undirected)
+        del src, dst
+    else:
+        indptr, indices = build_csc(edge_path, num_nodes, undirected)
     # Memory-mapped read-only where asked: pages are read as passes reach them and released after them.
     features = check_features(_load_npy(features_path, "features", mmap=mmap_features), num_nodes,
                               str(features_path))
@@ -104,7 +115,7 @@ def _load_npy(path: Path, field_name: str, *, mmap: bool = False) -> np.ndarray:
                    "save a numeric array with np.save (no object dtype)") from None
 
 
-def _find_edge_file(folder: Path) -> Path:
+def find_edge_file(folder: Path) -> Path:
     candidates = [folder / "edges.csv", folder / "edges.txt", folder / "edges.npy"]
     found = [path for path in candidates if path.is_file()]
     if not found:
@@ -120,24 +131,60 @@ def _find_edge_file(folder: Path) -> Path:
 def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """int64 ``(src, dst)`` [num_edges] from an int [E, 2] ``.npy`` or a two-column text file (pandas' C reader)."""
     if path.suffix == ".npy":
-        edges = _load_npy(path, "edges")
-        if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
-            raise fail(str(path), "edges", f"expected an integer array of shape [num_edges, 2], got "
-                       f"{edges.dtype} {list(edges.shape)}", "save np.stack([src, dst], axis=1) with np.save")
+        edges = _edge_array(path)
         return edges[:, 0], edges[:, 1]
+    chunks = list(edge_chunks(path, None))
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return chunks[0][1], chunks[0][2]
+
+
+def edge_chunks(path: Path, rows: int | None, *, mmap: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """``(first row, src, dst)`` over an edge file, ``rows`` edges at a time (None: all at once): an ``.npy``
+    memory-mapped (``mmap``) and sliced, a text file read by pandas in chunks.  Every chunk is checked as the
+    whole file would be (integer ids that int64 holds); the ids' range is the caller's to check."""
+    if path.suffix == ".npy":
+        edges = _edge_array(path, mmap=mmap)
+        step = max(1, rows or edges.shape[0])
+        for lo in range(0, edges.shape[0], step):
+            chunk = np.asarray(edges[lo:lo + step], dtype=np.int64)
+            release_rows(edges, lo, lo + step)  # a mapped file's pages go back to the page cache once read
+            yield lo, chunk[:, 0], chunk[:, 1]
+        return
     first = _first_data_line(path)
     if first is None:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return
     comma = "," in first
     tokens = [t for t in (first.split(",") if comma else first.split()) if t.strip()]
     # A first line of numbers is data ("3.0" too, so that it is reported as a bad id rather than skipped).
     has_header = not all(_is_number(t) for t in tokens)
+    row = 0
     try:
-        frame = pd.read_csv(path, sep="," if comma else r"\s+", header=0 if has_header else None,
-                            comment="#", skipinitialspace=True)
+        reader = pd.read_csv(path, sep="," if comma else r"\s+", header=0 if has_header else None,
+                             comment="#", skipinitialspace=True, chunksize=rows)
+        for frame in [reader] if rows is None else reader:
+            edges = _frame_edges(frame, path, row)
+            yield row, edges[:, 0], edges[:, 1]
+            row += edges.shape[0]
     except (ValueError, pd.errors.ParserError) as err:
+        if isinstance(err, DatasetError):
+            raise
         raise fail(str(path), "edges", f"cannot be parsed as two columns ({err})",
                    "write one 'src dst' pair of integer node ids per line") from None
+
+
+def _edge_array(path: Path, *, mmap: bool = False) -> np.ndarray:
+    """The int [E, 2] array of an ``edges.npy`` (memory-mapped read-only with ``mmap``), its shape checked."""
+    edges = _load_npy(path, "edges", mmap=mmap)
+    if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
+        raise fail(str(path), "edges", f"expected an integer array of shape [num_edges, 2], got "
+                   f"{edges.dtype} {list(edges.shape)}", "save np.stack([src, dst], axis=1) with np.save")
+    return edges
+
+
+def _frame_edges(frame: pd.DataFrame, path: Path, row0: int) -> np.ndarray:
+    """int64 [rows, 2] of a parsed chunk whose first row is edge ``row0`` of the file, or the error naming the
+    first bad edge (a missing or non-integer id, or one beyond int64)."""
     if frame.shape[1] != 2:
         raise fail(str(path), "edges", f"expected 2 columns (src, dst), got {frame.shape[1]}",
                    "write one 'src dst' pair per line")
@@ -150,14 +197,13 @@ def _read_edges(path: Path) -> tuple[np.ndarray, np.ndarray]:
             row = int(np.flatnonzero(bad.to_numpy())[0])
             value = frame[column].iloc[row]
             value = value.item() if isinstance(value, np.generic) else value  # numpy 2 reprs np.float64(2.5)
-            raise fail(str(path), "edges", f"edge {row} has a missing or non-integer node id {value!r}",
+            raise fail(str(path), "edges", f"edge {row0 + row} has a missing or non-integer node id {value!r}",
                        "write one 'src dst' pair of integer node ids per line")
-    _check_int64(frame, path)
-    edges = frame.to_numpy(dtype=np.int64)
-    return edges[:, 0], edges[:, 1]
+    _check_int64(frame, path, row0)
+    return frame.to_numpy(dtype=np.int64)
 
 
-def _check_int64(frame: pd.DataFrame, path: Path) -> None:
+def _check_int64(frame: pd.DataFrame, path: Path, row0: int = 0) -> None:
     """Refuse an id of 2**63 or more, which int64 cannot hold (it would raise OverflowError, or wrap around
     to a negative id, on the conversion); columns pandas read as int64 are in range by construction."""
     for column in frame.columns:
@@ -167,8 +213,9 @@ def _check_int64(frame: pd.DataFrame, path: Path) -> None:
         beyond = np.flatnonzero(values >= 2.0 ** 63)
         if beyond.size:
             row = int(beyond[0])
-            raise fail(str(path), "edges", f"edge {row} has node id {frame[column].iloc[row]}, beyond the largest "
-                       f"id int64 holds ({beyond.size} such edges)", "node ids must be 0-based and smaller than "
+            raise fail(str(path), "edges", f"edge {row0 + row} has node id {frame[column].iloc[row]}, beyond the "
+                       f"largest id int64 holds ({beyond.size} such edges)",
+                       "node ids must be 0-based and smaller than "
                        "the number of nodes (the length of the labels)")
 
 

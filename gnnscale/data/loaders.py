@@ -98,6 +98,14 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, 
     loops and duplicates, plus every reverse edge if ``symmetrize``.  The ids are checked first:
     ``csc_from_edges`` trusts its input, and an out-of-range id would corrupt its dst-major sort key.
     """
+    check_edge_ids(src, dst, num_nodes, source)
+    return csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize)
+
+
+def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str,
+                   first_row: int | None = None) -> None:
+    """Refuse non-integer ids and ids outside ``[0, num_nodes)``, naming the first bad edge: of the whole
+    edge list of ``source``, or with ``first_row`` of the chunk of it that starts at that row."""
     if not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
         raise fail(source, "edges", f"node ids must be integers, got dtype {src.dtype}",
                    "store the edge list as integer node ids")
@@ -105,10 +113,9 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, source: str, 
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise fail(source, "edges",
-                   f"edge {row} ({int(src[row])} -> {int(dst[row])}) has a node id outside [0, {num_nodes}) "
-                   f"({int(bad.sum())} such edges)",
+                   f"edge {(first_row or 0) + row} ({int(src[row])} -> {int(dst[row])}) has a node id outside "
+                   f"[0, {num_nodes}) ({int(bad.sum())} such edges{'' if first_row is None else ' in its chunk'})",
                    "node ids must be 0-based and smaller than the number of nodes (the length of the labels)")
-    return csc_from_edges(src, dst, num_nodes, symmetrize=symmetrize)
 
 
 def check_split_masks(mask: np.ndarray, num_nodes: int, source: str, field_name: str) -> np.ndarray:
