@@ -155,3 +155,16 @@ def test_budget_refusals_and_the_automatic_switch(graph: Path, tmp_path: Path) -
         pytest.skip("kaminpar is not installed")
     assert switched.returncode == 0, switched.stderr
     assert "out of core" in switched.stderr and "count" in switched.stderr
+
+
+def test_rank0_partitions_an_edge_list_within_the_training_budget(graph: Path, tmp_path: Path) -> None:
+    from gnnscale.train.cli import build_parser, partition_command
+
+    args = build_parser().parse_args(["--dataset", "edgelist", "--data-dir", str(graph), "--memory-budget", "100"])
+    command = partition_command(args, 2, tmp_path / "parts")
+    assert command[command.index("--memory-budget") + 1] == "100"
+    # What rank 0's child does with it: the one line every rank then prints after "partitioning on rank 0 failed".
+    done = subprocess.run([*command, "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 2 and done.stderr.startswith("error: --memory-budget 100 MiB is too small")
+    synthetic = build_parser().parse_args(["--dataset", "synthetic", "--memory-budget", "100"])
+    assert "--memory-budget" not in partition_command(synthetic, 2, tmp_path / "parts")

@@ -443,6 +443,10 @@ def partition_command(args: argparse.Namespace, num_parts: int, folder: Path) ->
     if args.dataset == "synthetic":
         command += ["--num-nodes", str(args.num_nodes), "--avg-degree", str(args.avg_degree),
                     "--num-classes", str(args.num_classes), "--feat-dim", str(args.feat_dim)]
+    if args.dataset == "edgelist" and getattr(args, "memory_budget", None) is not None:
+        # The waiting ranks hold little: rank 0's child gets the rank budget, and goes out of core (or refuses
+        # in one line) where the in-memory pipeline would exceed it.
+        command += ["--memory-budget", f"{args.memory_budget:g}"]
     return command
 
 
