@@ -26,6 +26,8 @@ Every file is a plain ``.npy`` that opens with ``np.load(path, mmap_mode="r", al
 Public API:
 
 * :func:`partition_graph` (:class:`PartitionConfig`) -- write a folder from a ``GraphDataset``.
+* :func:`load_out_of_core` (:class:`OutOfCorePlan`) -- an edge-list folder as a ``GraphDataset`` whose CSC is
+  built on disk by an external sort (what ``--out-of-core`` hands :func:`partition_graph`).
 * :func:`load_partition` -> :class:`Partition` -- one partition's arrays and the book.
 * :class:`PartitionBook` -- new global id <-> (partition, local id) <-> original id, vectorised.
 * :func:`verify` -- check a folder (and compare it with its dataset); :class:`PartitionError`.
@@ -33,10 +35,11 @@ Public API:
 
 from partition.book import PartitionBook
 from partition.config import PartitionConfig
+from partition.external import OutOfCorePlan, load_out_of_core
 from partition.format import FORMAT_VERSION, PartitionError
 from partition.load import Partition, load_partition
 from partition.partitioner import partition_graph
 from partition.verify import verify
 
-__all__ = ["FORMAT_VERSION", "Partition", "PartitionBook", "PartitionConfig", "PartitionError", "load_partition",
-           "partition_graph", "verify"]
+__all__ = ["FORMAT_VERSION", "OutOfCorePlan", "Partition", "PartitionBook", "PartitionConfig", "PartitionError",
+           "load_out_of_core", "load_partition", "partition_graph", "verify"]

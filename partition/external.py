@@ -229,16 +229,19 @@ def edge_file_rows(folder: Path) -> tuple[int, int]:
     return int(labels.shape[0]), path.stat().st_size // 12
 
 
-def load_out_of_core(data_dir: Path, scratch: Path, plan: OutOfCorePlan, *, seed: int = 0,
-                     stage: Stage | None = None) -> GraphDataset:
-    """An edge-list folder (:mod:`gnnscale.data.edgelist`) whose CSC is built on disk in ``scratch`` by
-    :func:`external_csc`; features memory-mapped.  The dataset equals ``load_edgelist(data_dir)``'s."""
+def load_out_of_core(data_dir: str | Path, scratch: str | Path, plan: OutOfCorePlan = OutOfCorePlan(), *,
+                     seed: int = 0, stage: Stage | None = None) -> GraphDataset:
+    """An edge-list folder (:mod:`gnnscale.data.edgelist`) whose CSC is built on disk in the existing folder
+    ``scratch`` by :func:`external_csc`; features memory-mapped.  The dataset equals ``load_edgelist(data_dir)``'s;
+    its ``indices`` read ``scratch/indices.bin``, which must outlive it (remove ``scratch`` after
+    :func:`~partition.partition_graph`)."""
+    scratch = Path(scratch)
     from gnnscale.data.edgelist import edge_chunks, load_edgelist  # noqa: PLC0415
 
     def build(path: Path, num_nodes: int, symmetrize: bool) -> tuple[np.ndarray, np.ndarray]:
         return external_csc(lambda: edge_chunks(path, plan.chunk_edges, mmap=True), num_nodes, scratch,
                             symmetrize=symmetrize, bucket_edges=plan.bucket_edges, source=str(path), stage=stage)
 
-    dataset = load_edgelist(data_dir, seed=seed, mmap_features=True, build_csc=build)
+    dataset = load_edgelist(Path(data_dir), seed=seed, mmap_features=True, build_csc=build)
     release_map(dataset.indices)
     return dataset

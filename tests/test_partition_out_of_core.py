@@ -168,3 +168,16 @@ def test_rank0_partitions_an_edge_list_within_the_training_budget(graph: Path, t
     assert done.returncode == 2 and done.stderr.startswith("error: --memory-budget 100 MiB is too small")
     synthetic = build_parser().parse_args(["--dataset", "synthetic", "--memory-budget", "100"])
     assert "--memory-budget" not in partition_command(synthetic, 2, tmp_path / "parts")
+
+
+def test_the_python_api_writes_the_same_folder(graph: Path, tmp_path: Path) -> None:
+    from gnnscale.data.edgelist import load_edgelist
+    from partition import OutOfCorePlan, PartitionConfig, load_out_of_core, partition_graph
+
+    config = PartitionConfig(num_parts=2, method="metis")
+    partition_graph(load_edgelist(graph), tmp_path / "in", config)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    dataset = load_out_of_core(str(graph), str(scratch), OutOfCorePlan(chunk_edges=5_000, bucket_edges=20_000))
+    partition_graph(dataset, tmp_path / "ooc", config)
+    assert files(tmp_path / "ooc") == files(tmp_path / "in")
