@@ -154,7 +154,7 @@ def _load(args: argparse.Namespace, config: PartitionConfig, monitor: StageMonit
             lean = True
         if lean:  # the file's rows stand for the entries until the sort has counted them
             plan = plan_memory(args.memory_budget, num_nodes, rows, method=config.method,
-                               context=config.kaminpar_context)
+                               context=config.kaminpar_context, exact=False)
     if not lean:
         with monitor.stage("load"):  # features read page by page when written, never all resident
             return dataset_from_args(args, map_features=True)

@@ -67,6 +67,15 @@ def test_plan_memory_sizes_chunks_and_refuses_what_cannot_fit() -> None:
     plan_memory(2400, 10_000_000, 100_000_000, method="kaminpar", context="terapart")
     with pytest.raises(ValueError, match=r"--method kaminpar"):
         plan_memory(2400, 10_000_000, 100_000_000, method="metis", context="default")
+    # The 1B synthetic folder: its 10^9 file rows are over 16 GiB's estimate, the 940,811,224 entries left after
+    # the sort are not (measured peak 14.65 GiB); before the sort only the node arrays may refuse.
+    big = dict(method="kaminpar", context="terapart")
+    with pytest.raises(ValueError, match=r"16,812 MiB"):
+        plan_memory(16384, 100_000_000, 1_000_000_000, **big)
+    assert plan_memory(16384, 100_000_000, 1_000_000_000, exact=False, **big).chunk_edges == 1 << 23
+    plan_memory(16384, 100_000_000, 940_811_224, **big)
+    with pytest.raises(ValueError, match=r"--memory-budget 6000 MiB is too small to partition 100,000,000 nodes"):
+        plan_memory(6000, 100_000_000, 1, exact=False, **big)
 
 
 @pytest.fixture(scope="module")
