@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
-from gnnscale.memory import release_pages
+from gnnscale.data.pages import release_map
 from partition.book import PartitionBook
 from partition.format import (OPTIONAL_PART_ARRAYS, ORIG2NEW, PART_ARRAYS, PartitionError, open_array, part_file,
                               read_manifest)
@@ -95,7 +95,7 @@ def load_partition(root: str | Path, rank: int, *, verify_checksums: bool = Fals
     if check:
         check_partition(root, manifest, int(rank), arrays, book.orig2new)
         for array in (*arrays.values(), book.orig2new):  # read once: the pages need not stay in this RSS
-            release_pages(array)
+            release_map(array)
     return Partition(part=int(rank), book=book, num_classes=manifest["num_classes"], metric=manifest["metric"],
                      manifest=manifest, **arrays)
 
