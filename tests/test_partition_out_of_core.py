@@ -205,3 +205,27 @@ def test_partitioning_an_edge_list_never_imports_torch(graph: Path, tmp_path: Pa
                               timeout=300)
         assert done.returncode == 0, done.stderr
         assert done.stderr.strip().splitlines()[-1] == "False", f"{argv[0]} imported torch"
+
+
+@pytest.mark.parametrize("stage,target", [("count", "partition.external._count_blocks"),
+                                          ("scatter", "partition.external._scatter"),
+                                          ("sort", "partition.external._merge"),
+                                          ("partitioner", "partition.partitioner.assign_parts"),
+                                          ("write", "partition.partitioner.write_partitions")])
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_failure_in_any_stage_leaves_neither_output_nor_scratch(graph: Path, tmp_path: Path, monkeypatch,
+                                                                  stage: str, target: str, failure: BaseException,
+                                                                  capsys) -> None:
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(target, fail)
+    monkeypatch.chdir(ROOT)
+    status = cli.main(["--dataset", "edgelist", "--data-dir", str(graph), "--num-parts", "3", "--method", "random",
+                       "--out", str(tmp_path / "out"), "--out-of-core", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if isinstance(failure, OSError):
+        assert status == 2 and err == ["error: [Errno 28] No space left on device"], stage
+    else:
+        assert status == 130 and err == [f"interrupted: nothing written to {tmp_path / 'out'}"], stage
+    assert list(tmp_path.iterdir()) == []  # no output, no hidden output, no scratch beside it
