@@ -18,8 +18,10 @@ reads them back as one array in original id order.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gnnscale.batch import Block
+from gnnscale.budget import keeps_inference_blocks
 from gnnscale.distributed.feature_store import DistTable
 from gnnscale.graph import Graph
 from gnnscale.metrics import evaluate
@@ -118,26 +121,42 @@ def read_outputs(folder: str | Path) -> np.ndarray:
 
 
 def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool,
-            edge_features: bool) -> list[tuple[Block, Tensor]]:
-    """Full-neighbour blocks over the owned nodes (memoised on the graph), each with its source rows in
-    ``cat(owned, halo)``."""
+            edge_features: bool) -> Iterable[tuple[Block, Tensor]]:
+    """Full-neighbour blocks over the owned nodes, each with its source rows in ``cat(owned, halo)``: memoised on
+    the graph, or, where its memory budget cannot hold them all (:func:`gnnscale.budget.keeps_inference_blocks`),
+    built again a batch at a time whenever they are iterated."""
+    build = functools.partial(_build_blocks, graph, batch_size, self_loops, gcn_norm, edge_features)
+    if not keeps_inference_blocks(graph):
+        return _Rebuilt(build)
     key = ("inference-blocks", batch_size, self_loops, gcn_norm, edge_features)
     if key not in graph._memo:
-        config = SamplerConfig(fanouts=[-1], self_loops=self_loops, gcn_norm=gcn_norm, edge_ids=edge_features)
-        lookup = graph.degree_lookup() if config.gcn_norm else None
-        halo_ids = graph.halo()[0]
-        blocks = []
-        for chunk in graph.owned_ids.split(batch_size):
-            src, counts, *edges = graph.structure.sample(chunk, -1, False, None, with_edges=edge_features)
-            block = make_block(chunk, src, counts, config, lookup, *edges)
-            if edge_features:  # every edge is an owned node's in-edge: its features are here
-                graph.attach_edge_features([block], local=True)
-            ids = block.src_ids
-            is_owned = (ids >= graph.start) & (ids < graph.end)
-            rows = torch.where(is_owned, ids - graph.start, graph.num_owned + torch.searchsorted(halo_ids, ids))
-            blocks.append((block, rows))
-        graph._memo[key] = blocks
+        graph._memo[key] = list(build())
     return graph._memo[key]
+
+
+class _Rebuilt:
+    """Blocks built anew on each iteration (one layer's pass), so that only one batch's are held."""
+
+    def __init__(self, build: Callable[[], Iterator[tuple[Block, Tensor]]]) -> None:
+        self._build = build
+
+    def __iter__(self) -> Iterator[tuple[Block, Tensor]]:
+        return self._build()
+
+
+def _build_blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool,
+                  edge_features: bool) -> Iterator[tuple[Block, Tensor]]:
+    config = SamplerConfig(fanouts=[-1], self_loops=self_loops, gcn_norm=gcn_norm, edge_ids=edge_features)
+    lookup = graph.degree_lookup() if config.gcn_norm else None
+    halo_ids = graph.halo()[0]
+    for chunk in graph.owned_ids.split(batch_size):
+        src, counts, *edges = graph.structure.sample(chunk, -1, False, None, with_edges=edge_features)
+        block = make_block(chunk, src, counts, config, lookup, *edges)
+        if edge_features:  # every edge is an owned node's in-edge: its features are here
+            graph.attach_edge_features([block], local=True)
+        ids = block.src_ids
+        is_owned = (ids >= graph.start) & (ids < graph.end)
+        yield block, torch.where(is_owned, ids - graph.start, graph.num_owned + torch.searchsorted(halo_ids, ids))
 
 
 @torch.no_grad()
@@ -174,7 +193,8 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
     return NodeOutputs(graph, rows)
 
 
-def _run_layers(graph: Graph, module: nn.Module, blocks: list[tuple[Block, Tensor]], device: torch.device) -> Tensor:
+def _run_layers(graph: Graph, module: nn.Module, blocks: Iterable[tuple[Block, Tensor]],
+                device: torch.device) -> Tensor:
     table, halo_ids = graph.features, graph.halo()[0]
     for layer in range(module.num_layers):
         # The halo's rows apart from the owned ones: joining them copied every owned row (at layer 0 the

@@ -12,6 +12,7 @@ import torch
 import gnnscale as gs
 from distributed_helpers import partition_dataset, run_ranks
 from gnnscale import memory
+import gnnscale.budget as budget_module
 from gnnscale.budget import plan_graph, slot_rows
 from gnnscale.distributed import comm
 from gnnscale.distributed.comm import Exchanger
@@ -142,6 +143,23 @@ def test_mapped_features_train_to_identical_accuracy(world: gs.World, one_part: 
     assert (first.val, first.test) == (second.val, second.test)
     assert [r["loss"] for r in first.history] == [r["loss"] for r in second.history]
     assert mapped.memory["end"]["ranks"][0]["mapped_mib"]["features"] > 0
+
+
+def test_inference_under_a_tight_budget_rebuilds_its_blocks_and_gives_the_same_outputs(
+        world: gs.World, one_part: Path, caplog: pytest.LogCaptureFixture) -> None:
+    roomy = gs.open_graph(one_part, world)
+    model = gs.GNN(gs.ModelConfig(model="sage", num_layers=2, hidden=16), roomy.feature_dim, roomy.num_classes)
+    kept = gs.layerwise_inference(roomy, model, batch_size=500).rows
+    assert any(isinstance(k, tuple) and k[0] == "inference-blocks" for k in roomy._memo)
+    budget = plan_graph(roomy.part, 1000.0).minimum_mb + 0.5  # nothing left for the blocks (about 0.4 MiB)
+    tight = gs.open_graph(one_part, world, memory_budget=budget)
+    assert budget_module.inference_blocks_mb(tight) > tight.budget.left_mb
+    with caplog.at_level("INFO", logger="gnnscale.budget"):
+        gs.NodeLoader(tight, fanouts=[5, 5], batch_size=128, cache=gs.CacheConfig(memory_budget=budget))
+    assert "built a batch at a time at every evaluation, not kept" in caplog.text
+    rebuilt = gs.layerwise_inference(tight, model, batch_size=500).rows
+    assert torch.equal(kept, rebuilt)
+    assert not any(isinstance(k, tuple) and k[0] == "inference-blocks" for k in tight._memo)
 
 
 def test_too_small_budget_is_a_one_line_error(one_part: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
