@@ -212,3 +212,16 @@ def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
     assert set(report["runs"]) == {"empty", "empty4", "one", "four", "mapped", "four-budget"}
     assert len(report["runs"]["four"]["peak_rss_mib"]) == 4 and report["summary"]["mapped_accuracy_identical"]
     assert "target <= 1.3" in proc.stdout
+
+
+def test_under_a_budget_freed_memory_goes_back_to_the_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import gnnscale.pipeline
+    from gnnscale.train.cli import apply_process_settings
+
+    calls = []
+    monkeypatch.setattr(gnnscale.pipeline, "keep_freed_memory", lambda **kwargs: calls.append(kwargs))
+    for budget in (None, 1500.0):
+        apply_process_settings(argparse.Namespace(keep_freed_memory=True, memory_budget=budget, seed=0))
+    assert calls == [{}]  # kept without a budget only

@@ -294,10 +294,12 @@ def apply_process_settings(args: argparse.Namespace) -> None:
 
     from gnnscale.pipeline import keep_freed_memory
 
-    if args.keep_freed_memory:
-        # Under a budget the heap keeps at most a tenth of it freed (default: up to 2 GiB, all of it RSS).
-        keep_freed_memory(**({} if args.memory_budget is None else {"trim_threshold": int(args.memory_budget * 2**20
-                                                                                         // 10)}))
+    # Under a budget freed memory goes back to the system as glibc does by default: keeping it, even with the
+    # heap capped at a tenth of the budget, fragmented the heap with evaluation's buffers (100M edges, 2 ranks,
+    # --memory-budget 1500: peak 3.84 GiB a rank kept, 3.89 with both thresholds at a tenth, 3.38 returned, at the
+    # same epoch time; docs/memory.md).
+    if args.keep_freed_memory and args.memory_budget is None:
+        keep_freed_memory()
     torch.manual_seed(args.seed)
 
 
