@@ -83,23 +83,29 @@ def load_edgelist(data_dir: str | Path, *, undirected: bool = True, seed: int = 
     features = check_features(_load_npy(features_path, "features", mmap=mmap_features), num_nodes,
                               str(features_path))
 
+    masks, given = _masks(folder, num_nodes, seed)
+    return GraphDataset(
+        name=name or folder.resolve().name, indptr=indptr, indices=indices, features=features, labels=labels,
+        train_masks=masks[0], val_masks=masks[1], test_masks=masks[2], num_classes=num_classes,
+        metric="accuracy", source=str(folder), extra={"random_split_seed": None if given else seed},
+    )
+
+
+def _masks(folder: Path, num_nodes: int, seed: int) -> tuple[list, bool]:
+    """The folder's train/val/test masks (all three, checked and disjoint), or a random split seeded with ``seed``
+    when none is given; and whether they were given."""
     mask_paths = [folder / f"{mask}.npy" for mask in _MASK_NAMES]
     present = [path.is_file() for path in mask_paths]
     if all(present):
         masks = [check_split_masks(_load_npy(path, mask), num_nodes, str(path), mask)
                  for path, mask in zip(mask_paths, _MASK_NAMES)]
         _check_disjoint(masks, folder)
-    elif any(present):
+        return masks, True
+    if any(present):
         missing = present.index(False)
         raise fail(str(mask_paths[missing]), _MASK_NAMES[missing], "file not found, but other mask files exist",
                    "give all of train_mask.npy, val_mask.npy, test_mask.npy, or none for a random split")
-    else:
-        masks = list(random_split(num_nodes, seed))
-    return GraphDataset(
-        name=name or folder.resolve().name, indptr=indptr, indices=indices, features=features, labels=labels,
-        train_masks=masks[0], val_masks=masks[1], test_masks=masks[2], num_classes=num_classes,
-        metric="accuracy", source=str(folder), extra={"random_split_seed": None if all(present) else seed},
-    )
+    return list(random_split(num_nodes, seed)), False
 
 
 def _load_npy(path: Path, field_name: str, *, mmap: bool = False) -> np.ndarray:
