@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from gnnscale.data.dataset import GraphDataset
+from gnnscale.data.pages import release_map
 from partition.format import (MANIFEST, ORIG2NEW, PART_ARRAYS, REPAIR, PartitionError, check_file, part_file,
                               read_manifest)
 from partition.halo import expand_halo
@@ -72,6 +73,7 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
 
     for p in range(num_parts):
         check_partition(root, manifest, p, parts[p], book.orig2new)
+        _release(parts[p])  # read once: a folder larger than memory is checked a part at a time
     # orig2new is a function, so ranks whose orig_ids it maps onto their disjoint ranges own distinct nodes.
     new2orig = np.concatenate([np.asarray(arrays["orig_ids"]) for arrays in parts])
     passed("ownership: every original node is owned exactly once; orig2new and orig_ids invert each other")
@@ -87,6 +89,12 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
                f"and masks equal")
     return {"num_parts": num_parts, "num_nodes": num_nodes, "num_edges": manifest["num_edges"], "shares": shares,
             "checksums": checksums, "dataset": None if dataset is None else dataset.name, "checks": checks}
+
+
+def _release(arrays: dict) -> None:
+    """Hand a part's memory-mapped pages back to the page cache (they leave this process's RSS)."""
+    for array in arrays.values():
+        release_map(array)
 
 
 def _check_none_empty(root: Path, manifest: dict, offsets: np.ndarray) -> None:
@@ -158,6 +166,7 @@ def _check_structure(manifest: dict, parts: list[dict], offsets: np.ndarray) -> 
             raise PartitionError(f"{part_file(p, 'halo_ids')}: holds {halo.shape[0]} ids, but the {hops}-hop "
                                  f"in-neighbourhood of the owned nodes outside them has {expected.shape[0]} "
                                  f"(sorted, unique, new global ids expected)")
+        _release(arrays)
     if total != manifest["num_edges"]:
         raise PartitionError(f"the partitions store {total:,} in-edges in all, manifest.json says "
                              f"{manifest['num_edges']:,}")
