@@ -159,7 +159,7 @@ def plan_loader(graph: Any, cache: Any, *, batch_size: int, fanouts: list[int], 
     plan = graph.budget or plan_graph(graph.part, cache.memory_budget, graph.world.rank)
     left = plan.left_mb
     evaluation = inference_blocks_mb(graph)
-    if graph.budget is None or keeps_inference_blocks(graph):  # the graph's budget decides for inference
+    if keeps_inference_blocks(graph):  # the graph's budget (not the loader's) decides for inference
         left = max(0.0, left - evaluation)
         decisions = [f"evaluation blocks {evaluation:.1f} MiB reserved"]
     else:
