@@ -116,17 +116,28 @@ class Exchanger:
         else:
             assert out.is_contiguous() and out.shape[0] == total, (out.shape, total)
             recv = out
-        send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()
-        send = send.contiguous()
+        recv_sizes = recv_counts.tolist()
+        self.exchange_into(send.contiguous(), send_counts.tolist(), recv, recv_sizes, started=start)
+        return list(recv.split(recv_sizes))
+
+    def exchange_into(self, send: Tensor, send_sizes: list[int], recv: Tensor, recv_sizes: list[int], *,
+                      started: float | None = None) -> None:
+        """One all-to-all of rows: ``send``'s first ``send_sizes[r]`` rows (then the next ...) go to rank
+        ``r``, and ``recv`` (contiguous, ``sum(recv_sizes)`` rows) receives ``recv_sizes[r]`` rows from rank
+        ``r``, in rank order.  Every rank must know what it receives (a reply to its own requests).  The
+        buffers may be views of larger ones reused across calls: what :func:`keep` then holds is theirs."""
+        start = time.perf_counter() if started is None else started
+        if self.group is None:
+            recv.copy_(send)
+            return
         dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes, input_split_sizes=send_sizes,
                                group=self.group)
         self._keep(send, recv)
-        row_bytes = send.element_size() * math.prod(trailing)
+        row_bytes = send.element_size() * math.prod(send.shape[1:])
         self.stats.bytes_sent += (sum(send_sizes) - send_sizes[self.rank]) * row_bytes
         self.stats.bytes_received += (sum(recv_sizes) - recv_sizes[self.rank]) * row_bytes
         self.stats.exchanges += 1
         self.stats.seconds += time.perf_counter() - start
-        return list(recv.split(recv_sizes))
 
     def all_reduce(self, values: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
         """In-place all-reduce of a small CPU tensor (identity in a world of one)."""
