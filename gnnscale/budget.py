@@ -39,6 +39,11 @@ TOPOLOGY_SHARE = 0.5
 """The replicated structure: at most this share of the budget left after the pipeline."""
 INFERENCE_EDGE_BYTES = 24
 """Layer-wise inference's blocks, bytes per owned in-edge."""
+LIMIT_SHARE = 0.6
+"""Under a small memory cgroup limit and no ``--memory-budget``, the training command's budget per rank: this
+share of the memory the limit leaves at start (:func:`gnnscale.memory.available_bytes`), split among the
+machine's ranks.  The rest is for what no budget plans: a step's temporaries, evaluation's halo rows, the
+allocator's holes (measured on 4 emulated machines of 1800 MiB: ``scripts/bench_memory_limited.py``)."""
 
 
 def check_budget(value: Any, name: str = "memory_budget") -> float | None:

@@ -25,6 +25,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,72 @@ def peak_rss_bytes() -> int:
 def rss_bytes() -> int:
     """The process's resident memory now (VmRSS), in bytes (0 where /proc is missing)."""
     return (_status_kib("VmRSS") or 0) * 1024
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+def available_bytes() -> int:
+    """Memory this process may still take: the system's available memory, or less where a memory cgroup
+    (a container's limit, an emulated machine's) leaves less: its limit minus its usage that cannot be
+    reclaimed (usage less inactive page cache), over the process's group and every group above it."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    for _, (limit, usage, stat) in _memory_groups():
+        if limit is not None:
+            available = min(available, max(0, limit - usage + _inactive_file(stat)))
+    return available
+
+
+def memory_limit_bytes() -> int | None:
+    """The tightest memory cgroup limit over this process's group and those above it; None where none is set
+    (or none can be read)."""
+    limits = [limit for _, (limit, _, _) in _memory_groups() if limit is not None]
+    return min(limits) if limits else None
+
+
+def _memory_groups() -> Iterator[tuple[Path, tuple[int | None, int, str]]]:
+    """``(group, (limit, usage, memory.stat))`` of this process's memory cgroup and its ancestors (v2, or v1's
+    memory controller); nothing where /proc/self/cgroup or the files cannot be read."""
+    try:
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            root, files = CGROUP_ROOT, ("memory.max", "memory.current")
+            root = root / "unified" if not (root / "cgroup.controllers").exists() else root
+        elif "memory" in controllers.split(","):
+            root, files = CGROUP_ROOT / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        group = root / path.lstrip("/")
+        while True:
+            values = _read_group(group, files)
+            if values is not None:
+                yield group, values
+            if group == root or root not in group.parents:
+                break
+            group = group.parent
+
+
+def _read_group(group: Path, files: tuple[str, str]) -> tuple[int | None, int, str] | None:
+    try:
+        limit_text, usage = (group / files[0]).read_text().strip(), int((group / files[1]).read_text())
+        stat = (group / "memory.stat").read_text()
+    except (OSError, ValueError):
+        return None
+    limit = None if limit_text == "max" or int(limit_text) >= 2**62 else int(limit_text)
+    return limit, usage, stat
+
+
+def _inactive_file(stat: str) -> int:
+    """Reclaimable page cache of a group's ``memory.stat`` (v1 ``total_inactive_file``, v2 ``inactive_file``)."""
+    values = dict(line.split(" ", 1) for line in stat.splitlines() if " " in line)
+    return int(values.get("total_inactive_file", values.get("inactive_file", 0)))
 
 
 def release_pages(array: Any) -> None:

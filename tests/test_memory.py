@@ -225,3 +225,83 @@ def test_under_a_budget_freed_memory_goes_back_to_the_system(monkeypatch: pytest
     for budget in (None, 1500.0):
         apply_process_settings(argparse.Namespace(keep_freed_memory=True, memory_budget=budget, seed=0))
     assert calls == [{}]  # kept without a budget only
+
+
+def _fake_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int, limit: str, usage: int,
+                  inactive: int) -> None:
+    """A /proc/self/cgroup and /sys/fs/cgroup of one memory group ``/job/rank`` under ``tmp_path``."""
+    root = tmp_path / "cgroup"
+    if version == 2:
+        (root / "job" / "rank").mkdir(parents=True, exist_ok=True)
+        (root / "cgroup.controllers").write_text("cpu memory\n")
+        files, stat, line = ("memory.max", "memory.current"), f"anon 5\ninactive_file {inactive}\n", "0::/job/rank\n"
+    else:
+        (root / "memory" / "job" / "rank").mkdir(parents=True, exist_ok=True)
+        files, stat, line = (("memory.limit_in_bytes", "memory.usage_in_bytes"),
+                             f"inactive_file 0\ntotal_inactive_file {inactive}\n", "4:memory:/job/rank\n0::/\n")
+        root = root / "memory"
+    for level, text in ((root, "max" if version == 2 else str(2**63 - 4096)), (root / "job", limit),
+                        (root / "job" / "rank", "max" if version == 2 else str(2**63 - 4096))):
+        (level / files[0]).write_text(text + "\n")
+        (level / files[1]).write_text(f"{usage}\n")
+        (level / "memory.stat").write_text(stat)
+    (tmp_path / "self-cgroup").write_text(line)
+    monkeypatch.setattr(memory, "CGROUP_ROOT", tmp_path / "cgroup")
+    monkeypatch.setattr(memory, "PROC_CGROUP", tmp_path / "self-cgroup")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_available_memory_is_what_the_tightest_cgroup_limit_leaves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   version: int) -> None:
+    """A limit on a group above the process's counts; reclaimable page cache is not taken; no limit: the host's."""
+    import psutil
+
+    mib = 2**20
+    _fake_cgroups(tmp_path, monkeypatch, version, str(1800 * mib), usage=1000 * mib, inactive=200 * mib)
+    assert memory.memory_limit_bytes() == 1800 * mib
+    assert memory.available_bytes() == 1000 * mib  # 1800 - (1000 - 200)
+    _fake_cgroups(tmp_path, monkeypatch, version, "max" if version == 2 else str(2**63 - 4096), usage=mib, inactive=0)
+    assert memory.memory_limit_bytes() is None
+    assert memory.available_bytes() == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+    monkeypatch.setattr(memory, "PROC_CGROUP", tmp_path / "missing")
+    assert memory.memory_limit_bytes() is None
+
+
+def test_a_small_cgroup_limit_gives_the_training_command_a_budget(monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Under a memory limit below 8 GiB a rank, no --memory-budget: a budget of 60% of what the limit leaves,
+    per rank of the machine, logged; an explicit budget or a roomy limit is left alone."""
+    import argparse
+
+    from gnnscale.train.cli import budget_from_limit
+
+    mib = 2**20
+    monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 1800 * mib)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1200 * mib)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    args = argparse.Namespace(memory_budget=None)
+    with caplog.at_level("INFO", logger="gnnscale.train"):
+        budget_from_limit(args)
+    assert args.memory_budget == 360.0  # 0.6 x 1200 / 2
+    assert "a memory cgroup limits this machine to 1800 MiB, 1200 MiB of it free: --memory-budget 360" in caplog.text
+    given = argparse.Namespace(memory_budget=500.0)
+    budget_from_limit(given)
+    assert given.memory_budget == 500.0
+    monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 64 * 2**30)  # 32 GiB a rank: not small
+    roomy = argparse.Namespace(memory_budget=None)
+    budget_from_limit(roomy)
+    assert roomy.memory_budget is None
+
+
+def test_inference_batches_are_sized_by_bytes_and_do_not_change_the_outputs(
+        world: gs.World, one_part: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gnnscale.inference as inference
+
+    graph = gs.open_graph(one_part, world)
+    model = gs.GNN(gs.ModelConfig(model="sage", num_layers=2, hidden=16), graph.feature_dim, graph.num_classes)
+    assert inference.batch_rows(graph, 500) == 500  # small rows: the given batch
+    whole = gs.layerwise_inference(graph, model, batch_size=500).rows
+    monkeypatch.setattr(inference, "BATCH_BYTES", 64 * graph.feature_dim * 4)
+    rows = inference.batch_rows(graph, 500)
+    assert 1 <= rows < 64
+    assert torch.allclose(gs.layerwise_inference(graph, model, batch_size=500).rows, whole, rtol=0, atol=1e-6)

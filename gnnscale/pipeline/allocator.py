@@ -30,6 +30,13 @@ _M_MMAP_THRESHOLD = -3
 
 _applied: bool | None = None
 
+KEEP_MIN_LIMIT_BYTES = 8 * 2**30
+"""A memory cgroup limit below this many bytes per rank of the machine is small: without ``--memory-budget`` the
+training command then takes a budget from it (:func:`gnnscale.train.cli.budget_from_limit`), and so returns
+freed memory to the system, as under any budget (on 4 emulated machines of 1800 MiB, a 1M-node graph of 256
+features was killed at start with freed memory kept and the cache sized by the host's memory:
+``scripts/bench_memory_limited.py``)."""
+
 
 def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 4 << 30) -> bool:
     """Ask glibc to serve allocations below ``mmap_threshold`` bytes from its heap and to keep up

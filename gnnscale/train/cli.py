@@ -294,6 +294,7 @@ def apply_process_settings(args: argparse.Namespace) -> None:
 
     from gnnscale.pipeline import keep_freed_memory
 
+    budget_from_limit(args)
     # Under a budget freed memory goes back to the system as glibc does by default: keeping it, even with the
     # heap capped at a tenth of the budget, fragmented the heap with evaluation's buffers (100M edges, 2 ranks,
     # --memory-budget 1500: peak 3.84 GiB a rank kept, 3.89 with both thresholds at a tenth, 3.38 returned, at the
@@ -301,6 +302,25 @@ def apply_process_settings(args: argparse.Namespace) -> None:
     if args.keep_freed_memory and args.memory_budget is None:
         keep_freed_memory()
     torch.manual_seed(args.seed)
+
+
+def budget_from_limit(args: argparse.Namespace) -> None:
+    """Without ``--memory-budget``, under a memory cgroup limit below
+    :data:`~gnnscale.pipeline.allocator.KEEP_MIN_LIMIT_BYTES` per rank of the machine (a container's, an emulated
+    machine's): set the budget to :data:`gnnscale.budget.LIMIT_SHARE` of what the limit leaves now, per rank, and
+    say so.  Sizing by the host's memory instead, the feature cache took a quarter of the host."""
+    from gnnscale.budget import LIMIT_SHARE
+    from gnnscale.memory import available_bytes, memory_limit_bytes
+    from gnnscale.pipeline.allocator import KEEP_MIN_LIMIT_BYTES
+
+    limit, ranks = memory_limit_bytes(), max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    if args.memory_budget is not None or limit is None or limit / ranks >= KEEP_MIN_LIMIT_BYTES:
+        return
+    left = available_bytes()
+    args.memory_budget = max(1.0, math.floor(LIMIT_SHARE * left / ranks / 2**20))
+    log.info("a memory cgroup limits this machine to %.0f MiB, %.0f MiB of it free: --memory-budget %g per rank "
+             "(%.0f%% of it over %d rank(s)); pass --memory-budget to choose", limit / 2**20, left / 2**20,
+             args.memory_budget, 100 * LIMIT_SHARE, ranks)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -311,8 +331,8 @@ def run(args: argparse.Namespace) -> dict:
     env = read_env()
     if env.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
+    apply_process_settings(args)  # may set the memory budget, which the configs carry
     model_config, sampler_config, train_config, cache_config = build_configs(args)
-    apply_process_settings(args)
     name = _run_name(args)
     suffix = f"-{env.world_size}r" if env.world_size > 1 else ""
     out = args.out if args.out is not None else Path("runs") / f"{name}-{args.model}-seed{args.seed}{suffix}"
