@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                     key=lambda r: (not r.out_of_memory, r.stopped, r.seconds))
     verdict = "all exited 0" if not failed else failed[0].describe_failure()
     hint = "; give it more memory with --machine-memory-mb" if failed and failed[0].out_of_memory else ""
+    peaks = [f"m{r.machine} {r.peak_mb:,.0f}" for r in runs if r.peak_mb is not None]
+    if peaks:
+        print(f"peak memory per machine (MiB, limit {'/'.join(str(r.memory_mb or 'none') for r in runs)}): "
+              + ", ".join(peaks), file=sys.stderr if failed else sys.stdout)
     print(f"{spec.machines} machine(s) at {spec.rate or 'unshaped'}: {verdict} in {time.perf_counter() - start:.1f} s; "
           f"logs in {args.log_dir}{hint}", file=sys.stderr if failed else sys.stdout)
     code = (failed[0].returncode or 137) if failed else 0

@@ -7,6 +7,7 @@ shaping; a failing machine stops its peer; Ctrl-C removes every namespace and pr
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,6 +40,8 @@ TRANSFER = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     rank, mib = dist.get_rank(), int(sys.argv[1])
+    from gnnscale.memory import memory_limit_bytes
+    print(f"rank {rank} sees a limit of {memory_limit_bytes()} bytes", flush=True)
     x = torch.zeros(mib * 2**18)
     for timed in (False, True):
         dist.barrier()
@@ -238,6 +241,8 @@ ALLOCATE_AND_TRAIN = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     rank, mib = dist.get_rank(), int(sys.argv[1])
+    from gnnscale.memory import memory_limit_bytes
+    print(f"rank {rank} sees a limit of {memory_limit_bytes()} bytes", flush=True)
     held = [torch.ones(2**18) for _ in range(mib)] if rank == 1 else []
     print(f"rank {rank} holds {len(held)} MiB", flush=True)
     torch.manual_seed(0)
@@ -348,6 +353,11 @@ def test_machines_with_a_generous_memory_limit_train_normally(tmp_path):
     done, _ = limited_run(tmp_path, "1200", 200)  # the same limit as the run above
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1 holds 200 MiB" in done.stdout
+    peak = next(line for line in done.stdout.splitlines() if line.startswith("peak memory per machine"))
+    assert peak.startswith("peak memory per machine (MiB, limit 1200/1200): m0 ") and " m1 " in peak, peak
+    # Inside its namespace (a fresh /sys) each machine's rank reads its own limit, as in a container.
+    for rank in (0, 1):
+        assert f"rank {rank} sees a limit of {1200 * 2**20} bytes" in done.stdout, done.stdout
     losses = {line.split()[-1] for line in done.stdout.splitlines() if "final loss" in line}
     assert len(losses) == 1 and float(losses.pop()) < 0.01, done.stdout
     assert not memory_groups_left()
@@ -363,3 +373,21 @@ def test_memory_groups_of_a_killed_harness_are_removed_by_the_next(tmp_path):
     finally:
         emulated._remove_group(group)
     assert not group.exists()
+
+
+@pytest.mark.slow
+@needs_memory_groups
+def test_bench_memory_limited_runs_end_to_end(tmp_path):
+    """The benchmark's four runs on a small graph (every machine has room: no verdict on out of memory here);
+    the 4 limited machines train, and the table and JSON come out."""
+    out = tmp_path / "limited.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_memory_limited.py"), "--num-nodes", "20000",
+                           "--feat-dim", "16", "--epochs", "1", "--machine-memory-mb", "1500", "--timeout", "300",
+                           "--workdir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
+    assert list(runs) == ["one, enough memory", "one, limited, sized as the host", "one, limited", "four, limited"]
+    assert runs["four, limited"]["outcome"] == "trained" and len(runs["four, limited"]["peak_mb"]) == 4
+    assert all(0 < p <= 1500 for p in runs["four, limited"]["peak_mb"])
+    assert "| four, limited | 4 x 1,500 | trained |" in out.with_suffix(".md").read_text()

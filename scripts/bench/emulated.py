@@ -231,6 +231,9 @@ class MachineRun:
     memory_mb: int | None = None
     oom_kills: int = 0
     """Processes of this machine the kernel killed for going over ``memory_mb`` during this run."""
+    peak_mb: float | None = None
+    """The most memory this machine's processes held at once during this run (its memory group's peak: anonymous
+    memory and the page cache charged to it), where it has a memory limit."""
 
     @property
     def out_of_memory(self) -> bool:
@@ -340,7 +343,11 @@ class EmulatedCluster:
     def in_machine(self, machine: int, command: Sequence[str]) -> list[str]:
         """``command`` run in machine ``machine``'s namespace, pinned to its cores."""
         cores = ",".join(map(str, self.spec.cores(machine)))
-        return ["ip", "netns", "exec", self.namespace(machine), "taskset", "-c", cores, *command]
+        pinned = ["taskset", "-c", cores, *command]
+        group = self._memory_groups.get(machine)
+        if group is not None:  # the machine's own processes see its memory limit, as in a container
+            pinned = ["sh", "-c", f'{cgroup_mount_commands(group)} && exec "$@"', "sh", *pinned]
+        return ["ip", "netns", "exec", self.namespace(machine), *pinned]
 
     def torchrun_command(self, machine: int, command: Sequence[str], run_id: str) -> list[str]:
         spec = self.spec
@@ -368,6 +375,8 @@ class EmulatedCluster:
         run_id = f"{name}-{self.tag}-{time.monotonic_ns()}"
         logs = [self.log_dir / f"{name}-machine{m}.log" for m in range(self.spec.machines)]
         before = {m: oom_kills(group) for m, group in self._memory_groups.items()}
+        for group in self._memory_groups.values():
+            reset_memory_peak(group)
         start = time.perf_counter()
         agents = [self._start(self.torchrun_command(m, command, run_id), logs[m], prefix=f"[m{m}] ",
                               groups=[g for g in (self._groups.get(m), self._memory_groups.get(m)) if g is not None])
@@ -377,8 +386,9 @@ class EmulatedCluster:
         for process in busy + agents:
             _stop_group(process)
         killed = {m: oom_kills(group) - before[m] for m, group in self._memory_groups.items()}
+        peaks = {m: memory_peak_mb(group) for m, group in self._memory_groups.items()}
         return [MachineRun(m, codes[m], seconds[m], logs[m], m in stopped, self.spec.memory_limit_mb(m),
-                           killed.get(m, 0)) for m in range(len(agents))]
+                           killed.get(m, 0), peaks.get(m)) for m in range(len(agents))]
 
     def _wait(self, agents: list[subprocess.Popen], seconds: list[float], stopped: set[int], start: float,
               timeout: float) -> list[int]:
@@ -530,6 +540,17 @@ def make_memory_group(name: str, limit: int) -> Path:
                        f"the memory controller, or drop --machine-memory-mb")
 
 
+def cgroup_mount_commands(group: Path) -> str:
+    """Shell commands that mount ``group``'s cgroup hierarchy where the host has it, inside a machine's
+    namespace: ``ip netns exec`` mounts a fresh /sys there, whose /sys/fs/cgroup is empty, so a rank could not
+    read its machine's memory limit (:func:`gnnscale.memory.available_bytes` sizes ``--cache-mb auto`` by it).
+    They affect that namespace's own mounts only."""
+    v2 = group.is_relative_to(CGROUP_V2)
+    point = CGROUP_V2 if v2 else CGROUP_MEMORY_V1
+    kind = "-t cgroup2 cgroup2" if v2 else "-t cgroup -o memory cgroup"
+    return f"mount -t tmpfs cgroup /sys/fs/cgroup && mkdir -p {point} && mount {kind} {point}"
+
+
 def oom_kills(group: Path) -> int:
     """Processes the kernel has killed in ``group`` for going over its limit (v2 ``memory.events``, v1
     ``memory.oom_control``; v1 kernels without the count: 1 when the limit was hit, ``memory.failcnt``)."""
@@ -546,6 +567,26 @@ def oom_kills(group: Path) -> int:
         return int(int((group / "memory.failcnt").read_text()) > 0)
     except (OSError, ValueError):
         return 0
+
+
+def reset_memory_peak(group: Path) -> None:
+    """Start ``group``'s peak afresh (v1 ``memory.max_usage_in_bytes``; a v2 group's ``memory.peak`` counts from
+    its creation, and each cluster makes its own)."""
+    try:
+        (group / "memory.max_usage_in_bytes").write_text("0")
+    except OSError:
+        pass
+
+
+def memory_peak_mb(group: Path) -> float | None:
+    """``group``'s peak memory in MiB (v2 ``memory.peak``, v1 ``memory.max_usage_in_bytes``), None where the
+    kernel keeps none."""
+    for name in ("memory.peak", "memory.max_usage_in_bytes"):
+        try:
+            return int((group / name).read_text()) / 2**20
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _remove_group(group: Path) -> None:
