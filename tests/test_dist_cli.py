@@ -33,8 +33,8 @@ def test_cache_mb_is_auto_or_a_number(capsys: pytest.CaptureFixture, monkeypatch
         main(["--cache-mb", "lots"])
     assert exit_info.value.code == 2
     assert "--cache-mb 'lots' is neither auto nor a number of MiB, e.g. 256" in capsys.readouterr().err
-    # auto: a quarter of the available memory, shared among the machine's ranks.
-    monkeypatch.setattr(feature_store.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 8 * 2**30}))
+    # auto: a quarter of the available memory (within the process's memory cgroup), shared among the machine's ranks.
+    monkeypatch.setattr(feature_store, "available_bytes", lambda: 8 * 2**30)
     assert feature_store.auto_cache_mb(1) == 2048.0 and feature_store.auto_cache_mb(4) == 512.0
 
 def test_missing_partition_folder_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

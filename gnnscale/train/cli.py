@@ -131,7 +131,8 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._Argu
     dist.add_argument("--topology-budget-mb", type=float, default=1024.0, help="MiB per rank for the whole graph "
                       "structure (8 bytes per node and per edge)")
     dist.add_argument("--memory-budget", type=float, default=None, metavar="MIB", help="MiB each rank may hold "
-                      "above the interpreter (also a world of one): owned feature rows that do not fit stay "
+                      "above the interpreter (also a world of one; default: none, or under a memory cgroup limit "
+                      "below 8 GiB a rank 60%% of what it leaves): owned feature rows that do not fit stay "
                       "memory-mapped, the topology, the feature cache and the loader's buffers are sized to it (each "
                       "decision logged); below what the partition itself needs it is an error naming the minimum")
     dist.add_argument("--rank-capacity", type=rank_capacity, default=None, metavar="auto|W0,W1,...",
