@@ -151,7 +151,8 @@ class DistTable:
 
         def payload(rows: int) -> Tensor:  # what travels: the table's own rows, or their encoding
             return wire.empty_payload(rows, self.wire_dtype, width) if encoded else self.rows.new_empty((rows, width))
-        row_bytes = payload(1).numel() * payload(1).element_size()
+        one = payload(1)
+        row_bytes = one.numel() * one.element_size()
         per_peer = max(1, self.ROUND_BYTES // (self.world_size * row_bytes))
         largest = max([r.numel() for r in requests] + [p.numel() for p in places])
         rounds = int(self.exchanger.all_reduce(torch.tensor([-(-largest // per_peer)]), op=dist.ReduceOp.MAX)[0])
