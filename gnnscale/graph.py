@@ -35,7 +35,7 @@ from gnnscale.distributed.mapped import MappedTable, hot_order
 from gnnscale.memory import release_pages
 from gnnscale.world import World, init
 from partition.load import Partition, load_partition, whole_graph_partition
-from samplers.distributed import LocalGraph, replicate_structure, structure_bytes
+from samplers.distributed import HaloGraph, LocalGraph, fetch_halo, replicate_structure, structure_bytes
 
 log = logging.getLogger("gnnscale.graph")
 
@@ -287,6 +287,27 @@ class Graph:
                  "sends no requests", self.world.rank, size / 2**20, budget_mb)
         self._memo["replicated"] = replicate_structure(self.structure, exchanger)
         return self._memo["replicated"], True
+
+    def halo_structure(self, *, with_edges: bool = False, budget_mb: float = 1024.0) -> HaloGraph | None:
+        """The owned in-edges joined with a copy of the halo's (:func:`samplers.distributed.fetch_halo`), so
+        that a partitioned sampler draws owned and halo nodes without a request; None in a world of one, or
+        (on every rank) when some rank's copy would exceed ``budget_mb``.  A collective on first use (and
+        again when edge ids are first asked for)."""
+        if self.world.size == 1:
+            return None
+        held = self._memo.get("halo_structure", False)
+        if held is False or (held is not None and with_edges and not held.has_edge_ids):
+            held = fetch_halo(self.structure, self.halo()[0], self.offsets, self.world.exchanger,
+                              with_edges=with_edges, budget_bytes=budget_mb * 2**20)
+            if held is None:
+                log.info("rank %d: a copy of the halo's in-edges exceeds the topology budget %g MiB on some rank: "
+                         "every hop beyond the owned nodes asks their owners", self.world.rank, budget_mb)
+            else:
+                log.info("rank %d: halo in-edges copied (%d nodes, %d edges, %.1f MiB): hops within the halo "
+                         "send no request", self.world.rank, held.halo_ids.numel(), held.halo_indices.size,
+                         held.nbytes / 2**20)
+            self._memo["halo_structure"] = held
+        return held
 
     def degree_table(self) -> DistTable:
         """Full-graph in-degrees (float32) by global id, with the halo's cached: GCN weights of any node."""

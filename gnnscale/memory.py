@@ -300,7 +300,7 @@ def account(graph: Any, *, loaders: Iterable[Any] = (), model: torch.nn.Module |
     # What is left of the partition's own arrays: memory maps (or in-memory arrays of a world of one).
     result.add("partition", [part.indptr, part.indices, part.features, part.labels, part.train_masks,
                              part.val_masks, part.test_masks, part.edge_features], ledger)
-    result.add("sampler", [memo.get("replicated"), memo.get("degrees"),
+    result.add("sampler", [memo.get("replicated"), memo.get("halo_structure"), memo.get("degrees"),
                            *(getattr(loader, "sampler", None) for loader in loaders)], ledger)
     result.add("pipeline", [getattr(getattr(loader, "_loader", None), "_slots", None) for loader in loaders], ledger)
     result.add("evaluation", [v for k, v in memo.items() if isinstance(k, tuple) and k[0] == "inference-blocks"],

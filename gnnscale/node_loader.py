@@ -104,7 +104,8 @@ class NodeLoader(EpochPasses):
         cache = cache or CacheConfig()
         self.steps, self.step_sizes = agreed_steps(graph, self.seeds.numel(), batch_size)
         """Batches per epoch (every rank alike), and each step's seeds summed over ranks (float32 [steps])."""
-        self.sampler = make_sampler(graph, self.sampler_config, cache)
+        self.sampler = make_sampler(graph, self.sampler_config, cache,
+                                    owned_seeds=parse_capacity(rank_capacity, self.world.size) is None)
         self.shares = self._seed_shares(rank_capacity)
         fill = fill_feature_cache(graph, self.sampler, cache, CachePlan(
             seeds=self.seeds, steps=self.steps, batch_size=batch_size, seed=seed,

@@ -20,7 +20,7 @@ from gnnscale.distributed.feature_store import DistTable, auto_cache_mb, cache_r
 from gnnscale.graph import Graph
 from gnnscale.pipeline import PrefetchLoader, split_batches
 from samplers.distributed import DistNeighborSampler, LocalGraph
-from samplers.inclusion import inclusion_probabilities
+from samplers.inclusion import halo_inclusion, inclusion_probabilities
 from samplers.neighbor import SamplerConfig
 
 log = logging.getLogger("gnnscale.sampling")
@@ -39,8 +39,8 @@ class CacheConfig:
     cache_policy: str = "auto"
     """``degree`` (most frequent sources of owned nodes' in-edges), ``presample`` (most requested
     while sampling ``presample_batches`` mini-batches), ``vip`` (highest probability of being a batch's
-    input, SALIENT++'s; needs the replicated topology) or ``auto`` (vip where the topology is
-    replicated, else degree)."""
+    input, SALIENT++'s; needs the replicated topology, or the partitioned one's halo copy with seeds that are
+    owned nodes and at most two layers) or ``auto`` (vip where it can be ranked, else degree)."""
     presample_batches: int = 8
     """Mini-batches sampled to count requests with the ``presample`` policy."""
     wire_dtype: str = "float32"
@@ -50,7 +50,8 @@ class CacheConfig:
     topology: str = "auto"
     """``replicated``: every rank holds the whole graph structure and samples without requests (only
     feature rows move); ``partitioned``: each rank holds its own in-edges and asks owners for the rest;
-    ``auto``: replicated when the whole structure fits ``topology_budget_mb``."""
+    ``auto``: replicated when the whole structure fits ``topology_budget_mb``.  A partitioned rank also holds
+    a copy of its halo's in-edges where it fits ``topology_budget_mb``: hops within the halo send no request."""
     topology_budget_mb: float = 1024.0
     """MiB each rank may spend on the whole graph structure (int64 offsets and sources)."""
     memory_budget: float | None = None
@@ -86,12 +87,19 @@ def budgeted(graph: Graph, cache: CacheConfig, *, batch_size: int, fanouts: list
     return plan
 
 
-def make_sampler(graph: Graph, config: SamplerConfig, cache: CacheConfig) -> DistNeighborSampler:
-    """The neighbour sampler of ``graph`` over the topology ``cache`` asks for (a collective on N ranks)."""
+def make_sampler(graph: Graph, config: SamplerConfig, cache: CacheConfig, *,
+                 owned_seeds: bool = False) -> DistNeighborSampler:
+    """The neighbour sampler of ``graph`` over the topology ``cache`` asks for (a collective on N ranks).
+
+    A partitioned sampler gets a copy of the halo's in-edges where it fits ``cache.topology_budget_mb``; with
+    ``owned_seeds`` (every rank's seeds are its own nodes) its first hops then make no exchange."""
     structure, replicated = graph.sampling_structure(cache.topology, cache.topology_budget_mb)
     degrees = graph.degree_table() if config.gcn_norm and not replicated else None
+    halo = None if replicated else graph.halo_structure(with_edges=config.edge_ids,
+                                                        budget_mb=cache.topology_budget_mb)
+    local_hops = (2 if halo is not None else 1) if owned_seeds else 0
     return DistNeighborSampler(structure, graph.offsets, graph.world.exchanger, config, degrees,
-                               replicated=replicated)
+                               replicated=replicated, halo=halo, local_hops=local_hops)
 
 
 @dataclass(kw_only=True)
@@ -113,11 +121,13 @@ def fill_feature_cache(graph: Graph, sampler: DistNeighborSampler, cache: CacheC
     table, world = graph.features, graph.world
     if world.size == 1:
         return "no cache (a world of one)"
-    table.use_id_map = sampler.replicated  # whole-graph arrays are held then anyway
+    # 4 bytes per node of the graph (capped by DistTable.WHERE_MAP_BYTES; the sampler's compaction table is
+    # 8): a third of the search-and-sort gather's time on either topology.
+    table.use_id_map = True
     auto = cache.cache_mb == "auto"
     budget_mb = auto_cache_mb(world.runtime.env.local_world_size) if auto else float(cache.cache_mb)
     rows = cache_rows_for(budget_mb, table.row_shape, table.rows.dtype)
-    policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if sampler.replicated else "degree"
+    policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if vip_reach_known(sampler) else "degree"
     candidates, counts = graph.halo()
     if policy == "presample" and rows:
         candidates, counts = _presample_counts(graph, sampler, plan, cache.presample_batches)
@@ -133,12 +143,26 @@ def fill_feature_cache(graph: Graph, sampler: DistNeighborSampler, cache: CacheC
             f"{', every reachable remote row: batches make no exchange' if table.cache_complete else ''})")
 
 
+def vip_reach_known(sampler: DistNeighborSampler) -> bool:
+    """Whether this rank knows every node its batches can reach (what vip ranks): with the whole structure, or
+    with a copy of the halo's in-edges when its seeds are owned nodes and the model has one or two layers."""
+    return sampler.replicated or (sampler.halo is not None and sampler.local_hops >= 2
+                                  and len(sampler.config.fanouts) <= 2)
+
+
 def _inclusion_scores(graph: Graph, sampler: DistNeighborSampler, plan: CachePlan) -> tuple[Tensor, Tensor]:
     """Non-owned nodes with their probability of being an input of one of this rank's mini-batches
-    (SALIENT++'s vertex inclusion probability, :mod:`samplers.inclusion`); needs the whole structure."""
+    (SALIENT++'s vertex inclusion probability, :mod:`samplers.inclusion`), from the whole structure or from
+    the owned and halo in-edges (:func:`vip_reach_known`)."""
+    if not vip_reach_known(sampler):
+        raise ValueError("cache_policy='vip' needs every node a batch can reach: the whole graph structure "
+                         "(topology='replicated', or auto within topology_budget_mb), or a copy of the halo's "
+                         "in-edges with owned seeds and at most two layers; or use another cache_policy")
     if not sampler.replicated:
-        raise ValueError("cache_policy='vip' needs the whole graph structure on every rank: use "
-                         "topology='replicated' (or auto, within topology_budget_mb), or another cache_policy")
+        probability = np.zeros(graph.num_owned, dtype=np.float64)
+        probability[plan.seeds.numpy() - graph.start] = 1.0 / plan.steps
+        ids, p = halo_inclusion(sampler.halo, probability, sampler.config.fanouts)
+        return torch.from_numpy(ids), torch.from_numpy(p)
     whole: LocalGraph = sampler.graph
     probability = plan.seed_probability
     if probability is None:

@@ -16,6 +16,12 @@ With a replicated topology (SALIENT++'s choice where the structure fits in memor
 the in-edges of the whole graph (:func:`replicate_structure`, one all-gather at start-up) and samples
 any frontier locally with the same kernel: no request crosses the network, and only feature rows
 move.  At fanout ``-1`` its blocks equal the partitioned sampler's.
+
+A partitioned rank can also hold a copy of its halo's in-edges (:func:`fetch_halo`, once at start-up: the
+in-edges of every non-owned node with an edge into an owned one, O(halo) memory).  A hop whose frontier lies
+in the owned nodes and their halo is then sampled here: with seeds that are owned nodes (node
+classification), the first two hops -- both of a two-layer model -- send no request (``local_hops``), and on
+any hop only nodes beyond the halo are asked of their owners.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from gnnscale.batch import MiniBatch
@@ -91,6 +98,127 @@ def replicate_structure(graph: LocalGraph, exchanger: Exchanger) -> LocalGraph:
     return LocalGraph(indptr, indices.numpy(), start=0)
 
 
+class HaloGraph:
+    """Owned in-edges plus a copy of the halo's: the nodes this rank samples without asking.
+
+    Rows ``0 .. num_owned - 1`` are the owned nodes (``owned``'s CSC), rows from ``num_owned`` on the halo
+    nodes in ``halo_ids`` order; halo edges sit after the owned ones in one virtual edge list, so
+    :func:`samplers.neighbor.sample_in_edges` draws from both with one call.
+
+    Args:
+        owned: this rank's owned in-edges.
+        halo_ids: int64 [h] sorted global ids of the halo nodes.
+        indptr: int64 [h + 1] CSC offsets of the halo nodes' in-edges.
+        indices: int64 [halo edges] their sources (global ids).
+        edge_ids: int64 [halo edges] their global edge ids, or None (not fetched).
+    """
+
+    def __init__(self, owned: LocalGraph, halo_ids: Tensor, indptr: np.ndarray, indices: np.ndarray,
+                 edge_ids: np.ndarray | None) -> None:
+        self.owned, self.halo_ids = owned, halo_ids
+        self.halo_indices, self.halo_edge_ids = indices, edge_ids
+        owned_edges = owned.indices.size
+        self.indptr = np.concatenate([owned.indptr, owned_edges + indptr[1:]])
+        self.indices = JoinedArray(owned.indices, indices)
+
+    @property
+    def has_edge_ids(self) -> bool:
+        return self.halo_edge_ids is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held beyond ``owned``."""
+        extra = [self.halo_ids.numpy(), self.halo_indices, self.indptr]
+        return sum(a.nbytes for a in extra) + (self.halo_edge_ids.nbytes if self.has_edge_ids else 0)
+
+    def known(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(rows, known)``: each global id's row here (owned or halo; 0 where unknown) and whether it has one."""
+        owned = (ids >= self.owned.start) & (ids < self.owned.start + self.owned.num_owned)
+        if not self.halo_ids.numel():
+            return torch.where(owned, ids - self.owned.start, 0), owned
+        slot = torch.searchsorted(self.halo_ids, ids).clamp_(max=self.halo_ids.numel() - 1)
+        in_halo = ~owned & (self.halo_ids.index_select(0, slot) == ids)
+        rows = torch.where(owned, ids - self.owned.start, torch.where(in_halo, slot + self.owned.num_owned, 0))
+        return rows, owned | in_halo
+
+    def sample(self, global_dst: Tensor, fanout: int, replace: bool, rng: np.random.Generator | None, *,
+               with_edges: bool = False) -> tuple[Tensor, ...]:
+        """As :meth:`LocalGraph.sample`, for any owned or halo ``global_dst``."""
+        rows, known = self.known(global_dst)
+        if not bool(known.all()):
+            unknown = int(global_dst[~known][0])
+            raise RuntimeError(f"node {unknown} is neither owned by this rank nor in its halo: it must be asked of "
+                               f"its owner")
+        sampled = sample_in_edges(self.indptr, self.indices, rows.numpy(), fanout, replace, rng,
+                                  with_edges=with_edges)
+        if with_edges:
+            return sampled[0], sampled[1], self.global_edge_ids(sampled[2])
+        return sampled
+
+    def global_edge_ids(self, positions: Tensor) -> Tensor:
+        if not self.has_edge_ids:
+            raise RuntimeError("this halo copy was fetched without edge ids")
+        owned_edges = self.owned.indices.size
+        inside = positions < owned_edges
+        ids = torch.empty_like(positions)
+        ids[inside] = self.owned.global_edge_ids(positions[inside])
+        ids[~inside] = torch.from_numpy(self.halo_edge_ids)[positions[~inside] - owned_edges]
+        return ids
+
+
+class JoinedArray:
+    """Two int64 arrays read as one (``first`` then ``second``) by an integer index array, without copying them."""
+
+    def __init__(self, first: np.ndarray, second: np.ndarray) -> None:
+        self.first, self.second = first, second
+        self.size = first.size + second.size
+
+    def __getitem__(self, positions: np.ndarray | slice) -> np.ndarray:
+        if isinstance(positions, slice):  # a copy of the range (a view where it lies in one array)
+            lo, hi, _ = positions.indices(self.size)
+            split = self.first.size
+            if hi <= split:
+                return self.first[lo:hi]
+            if lo >= split:
+                return self.second[lo - split:hi - split]
+            return np.concatenate([self.first[lo:], self.second[:hi - split]])
+        out = np.empty(positions.shape, dtype=self.first.dtype)
+        inside = positions < self.first.size
+        out[inside] = self.first[positions[inside]]
+        outside = ~inside
+        out[outside] = self.second[positions[outside] - self.first.size]
+        return out
+
+
+def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: Exchanger, *, with_edges: bool,
+               budget_bytes: float) -> HaloGraph | None:
+    """A copy of the in-edges of ``halo_ids`` (sorted, non-owned global ids) from their owners, joined with
+    ``graph`` (:class:`HaloGraph`); None on every rank when any rank's copy would exceed its ``budget_bytes``.
+    A collective: owners first send the halo's degrees, the ranks agree whether every copy fits, then the edges
+    travel."""
+    owner = torch.searchsorted(offsets, halo_ids, right=True) - 1
+    sizes = torch.bincount(owner, minlength=exchanger.world_size).tolist()
+    requests = exchanger.exchange(list(halo_ids.split(sizes)))
+    degree_replies = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
+    degrees = torch.cat(exchanger.exchange(degree_replies, recv_sizes=sizes))
+    num_edges = int(degrees.sum())
+    need = 8 * (2 * halo_ids.numel() + 1 + num_edges * (2 if with_edges else 1))
+    fits = torch.tensor([int(need <= budget_bytes)], dtype=torch.int64)
+    if not int(exchanger.all_reduce(fits, op=dist.ReduceOp.MIN)[0]):
+        return None
+    replies = []
+    for ids in requests:
+        src, _, *edges = graph.sample(ids, -1, False, None, with_edges=with_edges)
+        replies.append(torch.cat([src, *edges]))
+    per_rank = degrees.split(sizes)
+    received = exchanger.exchange(replies, recv_sizes=[(2 if with_edges else 1) * int(d.sum()) for d in per_rank])
+    indices = torch.cat([m[:int(d.sum())] for m, d in zip(received, per_rank)]).numpy()
+    edge_ids = torch.cat([m[int(d.sum()):] for m, d in zip(received, per_rank)]).numpy() if with_edges else None
+    indptr = np.zeros(halo_ids.numel() + 1, dtype=np.int64)
+    np.cumsum(degrees.numpy(), out=indptr[1:])
+    return HaloGraph(graph, halo_ids, indptr, indices, edge_ids)
+
+
 class DistNeighborSampler:
     """Samples :class:`MiniBatch` es over a partitioned graph (ids are new global ids).
 
@@ -102,10 +230,15 @@ class DistNeighborSampler:
         degrees: full-graph in-degree table (needed for ``gcn_norm``), cached for the halo.
         replicated: ``graph`` is the whole graph (:func:`replicate_structure`): every frontier is sampled
             here, and GCN degrees are read from it (``degrees`` is then not needed).
+        halo: ``graph`` with a copy of its halo's in-edges (:func:`fetch_halo`): nodes in it are sampled here.
+        local_hops: how many hops, from the seeds, every rank samples without any exchange; the caller
+            promises that every rank's seeds are owned nodes (1 hop), and with ``halo`` that these hops'
+            frontiers lie in it (2 hops).  The same on every rank.
     """
 
     def __init__(self, graph: LocalGraph, offsets: Tensor, exchanger: Exchanger, config: SamplerConfig,
-                 degrees: DistTable | None = None, *, replicated: bool = False) -> None:
+                 degrees: DistTable | None = None, *, replicated: bool = False, halo: HaloGraph | None = None,
+                 local_hops: int = 0) -> None:
         if config.gcn_norm and degrees is None and not replicated:
             raise ValueError("gcn_norm needs the degree table of the whole graph; pass degrees=")
         self.graph, self.config, self.exchanger = graph, config, exchanger
@@ -113,8 +246,12 @@ class DistNeighborSampler:
         if replicated and graph.num_owned != int(self.offsets[-1]):
             raise ValueError(f"a replicated sampler needs the whole graph ({int(self.offsets[-1])} nodes), "
                              f"got {graph.num_owned}")
+        if halo is not None and config.edge_ids and not halo.has_edge_ids:
+            raise ValueError("config.edge_ids needs a halo copy fetched with its edge ids (with_edges=True)")
         self.degrees = degrees
         self.replicated = replicated
+        self.halo = halo
+        self.local_hops = local_hops
         self.world_size = exchanger.world_size
 
     def sample(self, seeds: Tensor, fanouts: Sequence[int] | None = None, *, rng: np.random.Generator,
@@ -133,8 +270,8 @@ class DistNeighborSampler:
             degrees = self.local_degrees
         blocks = []
         dst = seeds
-        for fanout in reversed(fanouts):
-            src, counts, edges = self._sample_frontier(dst, fanout, rng)
+        for hop, fanout in enumerate(reversed(fanouts)):
+            src, counts, edges = self._sample_frontier(dst, fanout, rng, hop)
             src, counts, edges = drop_excluded(dst, src, counts, excluded, num_nodes, edges)
             block = make_block(dst, src, counts, self.config, degrees, edges)
             blocks.insert(0, block)
@@ -145,23 +282,27 @@ class DistNeighborSampler:
         """Full-graph in-degrees (float) of any ``ids``, read from a replicated graph."""
         return self.graph.degree.index_select(0, ids).to(torch.float32)
 
-    def _sample_frontier(self, dst: Tensor, fanout: int,
-                         rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Sampled in-neighbours of any ``dst``: owned ones here, the others by their owners; with
-        ``config.edge_ids`` also the sampled edges' global ids (else None)."""
+    def _sample_frontier(self, dst: Tensor, fanout: int, rng: np.random.Generator,
+                         hop: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Sampled in-neighbours of any ``dst`` (the frontier of hop ``hop``, 0 at the seeds): those owned or in
+        the halo here, the others by their owners; with ``config.edge_ids`` also the sampled edges' global
+        ids (else None)."""
         with_edges = self.config.edge_ids
-        if self.world_size == 1 or self.replicated:
-            src, counts, *edges = self.graph.sample(dst, fanout, self.config.replace, rng, with_edges=with_edges)
+        here = self.halo if self.halo is not None else self.graph
+        if self.world_size == 1 or self.replicated or hop < self.local_hops:
+            src, counts, *edges = here.sample(dst, fanout, self.config.replace, rng, with_edges=with_edges)
             return src, counts, edges[0] if edges else None
-        owner = torch.searchsorted(self.offsets, dst, right=True) - 1
-        order, sizes = split_by_owner(owner, self.world_size)
         rank = self.exchanger.rank
+        owner = torch.searchsorted(self.offsets, dst, right=True) - 1
+        if self.halo is not None:
+            owner.masked_fill_(self.halo.known(dst)[1], rank)
+        order, sizes = split_by_owner(owner, self.world_size)
         outgoing = list(dst[order].split(sizes))
         # The own chunk stays here; every other rank's requests arrive in one round.
         requests = self.exchanger.exchange([c if r != rank else c[:0] for r, c in enumerate(outgoing)])
         requests[rank] = outgoing[rank]
         served = torch.cat(requests)
-        src, counts, *edges = self.graph.sample(served, fanout, self.config.replace, rng, with_edges=with_edges)
+        src, counts, *edges = here.sample(served, fanout, self.config.replace, rng, with_edges=with_edges)
         # Reply to rank r: the counts of its requests, then their sources (then their edge ids), in one int64
         # message.
         request_sizes = [r.numel() for r in requests]

@@ -16,21 +16,28 @@ of being among a mini-batch's input nodes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from samplers.distributed import HaloGraph
 
 _EDGE_BLOCK = 1 << 24  # edges per step: bounded temporary memory on big graphs
 
 
 def inclusion_probabilities(indptr: np.ndarray, indices: np.ndarray, seed_probability: np.ndarray,
-                            fanouts: Sequence[int]) -> np.ndarray:
+                            fanouts: Sequence[int], *,
+                            source_rows: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """float64 [num_nodes]: each node's probability of being an input node of one mini-batch.
 
     Args:
         indptr, indices: the whole graph's CSC (in-edges of node ``v``: ``indices[indptr[v]:indptr[v+1]]``).
         seed_probability: float64 [num_nodes], each node's probability of being a seed of the batch.
         fanouts: the sampler's fanouts, input side first (as ``SamplerConfig.fanouts``).
+        source_rows: maps a slice of ``indices`` to node rows, where ``indices`` holds other ids (a partition's
+            global ids, :func:`halo_inclusion`); None: ``indices`` are rows.
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     degree = np.diff(indptr)
@@ -39,12 +46,13 @@ def inclusion_probabilities(indptr: np.ndarray, indices: np.ndarray, seed_probab
         share = np.ones_like(p) if fanout < 0 else np.minimum(1.0, fanout / np.maximum(degree, 1))
         draw = np.clip(p * share, 0.0, 1.0 - 1e-12)  # P(v draws a given in-neighbour); 1 would make log1p -inf
         log_missed = np.log1p(-p.clip(max=1.0 - 1e-12))
-        log_missed += _sum_over_out_edges(indptr, indices, np.log1p(-draw), p.shape[0])
+        log_missed += _sum_over_out_edges(indptr, indices, np.log1p(-draw), p.shape[0], source_rows)
         p = -np.expm1(log_missed)
     return p
 
 
-def _sum_over_out_edges(indptr: np.ndarray, indices: np.ndarray, per_dst: np.ndarray, num_nodes: int) -> np.ndarray:
+def _sum_over_out_edges(indptr: np.ndarray, indices: np.ndarray, per_dst: np.ndarray, num_nodes: int,
+                        source_rows: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """For every node ``u``, the sum of ``per_dst[v]`` over its out-edges ``u -> v`` (in-edges of ``v``)."""
     total = np.zeros(num_nodes, dtype=np.float64)
     degree = np.diff(indptr)
@@ -53,6 +61,45 @@ def _sum_over_out_edges(indptr: np.ndarray, indices: np.ndarray, per_dst: np.nda
         hi = int(np.searchsorted(indptr, indptr[lo] + _EDGE_BLOCK, side="right"))
         hi = min(max(hi - 1, lo + 1), num_nodes)
         sources = np.asarray(indices[indptr[lo]:indptr[hi]])
+        if source_rows is not None:
+            sources = source_rows(sources)
         total += np.bincount(sources, weights=np.repeat(per_dst[lo:hi], degree[lo:hi]), minlength=num_nodes)
         lo = hi
     return total
+
+
+def halo_inclusion(halo: HaloGraph, seed_probability: np.ndarray, fanouts: Sequence[int]) -> tuple[np.ndarray,
+                                                                                                 np.ndarray]:
+    """``(ids, p)``: every non-owned node a batch of owned seeds can reach within two hops (ascending ids), with
+    its inclusion probability, from a partition's owned in-edges and its copy of the halo's (no whole-graph
+    structure).
+
+    Exact for one or two layers (the frontiers of both hops lie in the owned nodes and their halo); for more,
+    the nodes beyond the second hop are missing (their frontier's in-edges are not held).
+
+    Args:
+        halo: the rank's :class:`samplers.distributed.HaloGraph`.
+        seed_probability: float64 [num_owned] each owned node's probability of being a seed of one batch.
+        fanouts: the sampler's fanouts, input side first.
+    """
+    import torch
+
+    owned = halo.owned
+    beyond = halo.halo_indices[~halo.known(torch.from_numpy(halo.halo_indices))[1].numpy()]
+    beyond = np.unique(beyond)
+    known_rows = owned.num_owned + halo.halo_ids.numel()
+
+    def rows(ids: np.ndarray) -> np.ndarray:
+        local, known = halo.known(torch.from_numpy(ids))
+        out = local.numpy().copy()
+        out[~known.numpy()] = known_rows + np.searchsorted(beyond, ids[~known.numpy()])
+        return out
+
+    indptr = np.concatenate([halo.indptr, np.full(beyond.size, halo.indptr[-1], dtype=np.int64)])
+    p0 = np.zeros(known_rows + beyond.size, dtype=np.float64)
+    p0[:owned.num_owned] = seed_probability
+    p = inclusion_probabilities(indptr, halo.indices, p0, fanouts, source_rows=rows)[owned.num_owned:]
+    ids = np.concatenate([halo.halo_ids.numpy(), beyond])
+    reached = np.flatnonzero(p > 0)
+    order = np.argsort(ids[reached])
+    return ids[reached][order], p[reached][order]

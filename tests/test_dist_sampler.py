@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 from scipy import stats
 
 from distributed_helpers import RankFailure, partition_dataset, return_rank_or_fail, return_rank_or_hang, run_ranks
@@ -44,11 +45,13 @@ def blocks_in_original_ids(batch: Any, book: Any) -> list[dict[str, np.ndarray |
 
 def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
     """Rank ``rank``'s side of every check on ``part_dir``; ``hub`` is a new global id owned by rank 1."""
+    from types import SimpleNamespace
+
     from gnnscale.distributed.comm import Exchanger
     from gnnscale.distributed.env import init_runtime, read_env
     from gnnscale.distributed.feature_store import DistTable, edge_source_counts
     from partition.load import load_partition
-    from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure
+    from samplers.distributed import LocalGraph, fetch_halo, replicate_structure
 
     part = load_partition(part_dir, rank)
     runtime = init_runtime(read_env(), timeout=60.0)
@@ -56,7 +59,8 @@ def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
         book, (start, end) = part.book, part.node_range
         exchanger = Exchanger(runtime.sample_group, rank, runtime.world_size)
         offsets = torch.from_numpy(np.asarray(book.offsets))
-        graph = LocalGraph(np.array(part.indptr), np.array(part.indices), start=start)
+        edge_start = sum(int(p["num_edges"]) for p in part.manifest["parts"][:rank])
+        graph = LocalGraph(np.array(part.indptr), np.array(part.indices), start=start, edge_start=edge_start)
         # As the trainer builds it: owned degrees, the halo's cached, so GCN weights need no extra round.
         degrees = DistTable(graph.degree.to(torch.float32), offsets, exchanger)
         halo_ids, halo_counts = edge_source_counts(part.indices, start, end)
@@ -67,53 +71,100 @@ def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
             # Any ids, owned by any rank: the sampler routes seeds to their owners like frontier nodes.
             "random": torch.from_numpy(rng.choice(book.num_nodes, NUM_RANDOM_SEEDS, replace=False).astype(np.int64)),
         }
-        out: dict[str, Any] = {"full": {}}
         whole = replicate_structure(graph, exchanger)
-        for name, config in SAMPLER_CONFIGS.items():
-            for topology, sampler in (("partitioned", DistNeighborSampler(graph, offsets, exchanger, config, degrees)),
-                                      ("replicated", DistNeighborSampler(whole, offsets, exchanger, config,
-                                                                         replicated=True))):
-                for which, seeds in seed_sets.items():
-                    out["full"][name, topology, which] = (book.to_original(seeds.numpy()),
-                                                          blocks_in_original_ids(sampler.sample(seeds, rng=rng), book))
-
-        # Sampled fanouts: each owner draws the neighbours of its nodes from the caller's generator.
-        sampler = DistNeighborSampler(graph, offsets, exchanger, SamplerConfig(fanouts=SAMPLED_FANOUTS))
-        batch = sampler.sample(seed_sets["train"], rng=np.random.default_rng(1000 + rank))
-        out["sampled"] = (book.to_original(seed_sets["train"].numpy()), blocks_in_original_ids(batch, book))
-        replicated = DistNeighborSampler(whole, offsets, exchanger, SamplerConfig(fanouts=SAMPLED_FANOUTS),
-                                         replicated=True)
-        batch = replicated.sample(seed_sets["train"], rng=np.random.default_rng(2000 + rank))
-        out["sampled_replicated"] = (book.to_original(seed_sets["train"].numpy()), blocks_in_original_ids(batch, book))
-        hub_draws = []
-        for _ in range(HUB_DRAWS):
-            # A collective: every rank calls, only rank 0 asks (for a node that rank 1 samples).
-            seeds = torch.tensor([hub] if rank == 0 else [], dtype=torch.int64)
-            block = sampler.sample(seeds, [HUB_FANOUT], rng=rng).blocks[0]
-            if rank == 0:
-                hub_draws.append(book.to_original(block.src_ids[block.indices].numpy()))
-        out["hub_draws"] = hub_draws
-
-        # Feature table: random ids of the whole graph, repeats included, without then with a cache.
+        halo = fetch_halo(graph, halo_ids, offsets, exchanger, with_edges=True, budget_bytes=float("inf"))
+        out: dict[str, Any] = {"halo_edge_ids": halo_edge_check(halo, whole, book)}
+        # Over the budget on one rank: no rank holds a copy (the ranks must agree on which hops exchange).
+        out["halo_over_budget"] = fetch_halo(graph, halo_ids, offsets, exchanger, with_edges=False,
+                                             budget_bytes=1.0 if rank == 0 else float("inf"))
+        ctx = SimpleNamespace(rank=rank, book=book, graph=graph, whole=whole, halo=halo, offsets=offsets,
+                              exchanger=exchanger, degrees=degrees, seed_sets=seed_sets, rng=rng)
+        full_fanout_checks(ctx, out)
+        sampled_checks(ctx, hub, out)
         features = DistTable(torch.from_numpy(np.array(part.features, dtype=np.float32)), offsets, exchanger)
-        ids = torch.from_numpy(rng.integers(0, book.num_nodes, NUM_TABLE_IDS))
-        uncached = features.gather(ids)
-        stats_uncached = vars(features.stats).copy()
-        features.fill_cache_by_counts(halo_ids, halo_counts, max(1, halo_ids.numel() // 2))
-        cached = features.gather(ids)
-        out["table"] = {"ids": ids.numpy(), "orig_ids": book.to_original(ids.numpy()), "start": start, "end": end,
-                        "uncached": uncached.numpy(), "cached": cached.numpy(), "cache_ids": features.cache_ids.numpy(),
-                        "stats_uncached": stats_uncached, "stats_cached": vars(features.stats).copy()}
-        not_cached = np.setdiff1d(np.setdiff1d(np.arange(book.num_nodes), np.arange(start, end)),
-                                  features.cache_ids.numpy())
-        try:
-            features.lookup(torch.from_numpy(not_cached[:1]))
-            out["lookup_error"] = None
-        except KeyError as err:
-            out["lookup_error"] = str(err)
+        table_checks(ctx, features, halo_ids, halo_counts, out)
         return out
     finally:
         runtime.close()
+
+
+def full_fanout_checks(ctx: Any, out: dict[str, Any]) -> None:
+    """Full-fanout blocks of every topology and seed set, with the exchanges each sample made."""
+    from samplers.distributed import DistNeighborSampler
+
+    out["full"], out["halo_exchanges"] = {}, {}
+    graph, offsets, exchanger, degrees = ctx.graph, ctx.offsets, ctx.exchanger, ctx.degrees
+    for name, config in SAMPLER_CONFIGS.items():
+        samplers = {"partitioned": DistNeighborSampler(graph, offsets, exchanger, config, degrees),
+                    "replicated": DistNeighborSampler(ctx.whole, offsets, exchanger, config, replicated=True)}
+        for which, seeds in ctx.seed_sets.items():
+            # Owned seeds: both hops inside the halo copy, no exchange; any seeds: owners asked beyond it.
+            samplers["halo"] = DistNeighborSampler(graph, offsets, exchanger, config, degrees, halo=ctx.halo,
+                                                   local_hops=2 if which == "train" else 0)
+            for topology, sampler in samplers.items():
+                before = exchanger.stats.exchanges
+                batch = sampler.sample(seeds, rng=ctx.rng)
+                out["halo_exchanges"][name, topology, which] = exchanger.stats.exchanges - before
+                out["full"][name, topology, which] = (ctx.book.to_original(seeds.numpy()),
+                                                      blocks_in_original_ids(batch, ctx.book))
+
+
+def sampled_checks(ctx: Any, hub: int, out: dict[str, Any]) -> None:
+    """Sampled fanouts on each topology (each owner draws its nodes' neighbours from the caller's generator),
+    a hop promised local that is not, and many draws of one remote hub."""
+    from samplers.distributed import DistNeighborSampler
+
+    config, train, rank = SamplerConfig(fanouts=SAMPLED_FANOUTS), ctx.seed_sets["train"], ctx.rank
+    samplers = {"sampled": DistNeighborSampler(ctx.graph, ctx.offsets, ctx.exchanger, config),
+                "sampled_replicated": DistNeighborSampler(ctx.whole, ctx.offsets, ctx.exchanger, config,
+                                                          replicated=True),
+                "sampled_halo": DistNeighborSampler(ctx.graph, ctx.offsets, ctx.exchanger, config, halo=ctx.halo,
+                                                    local_hops=2)}
+    for i, (key, sampler) in enumerate(samplers.items()):
+        batch = sampler.sample(train, rng=np.random.default_rng(1000 * (i + 1) + rank))
+        out[key] = (ctx.book.to_original(train.numpy()), blocks_in_original_ids(batch, ctx.book))
+    try:  # a node beyond the halo on a hop promised local: a clear error, not a wrong sample
+        samplers["sampled_halo"].sample(ctx.seed_sets["random"], rng=ctx.rng)
+        out["beyond_halo_error"] = None
+    except RuntimeError as err:
+        out["beyond_halo_error"] = str(err)
+    hub_draws = []
+    for _ in range(HUB_DRAWS):
+        # A collective: every rank calls, only rank 0 asks (for a node that rank 1 samples).
+        seeds = torch.tensor([hub] if rank == 0 else [], dtype=torch.int64)
+        block = samplers["sampled"].sample(seeds, [HUB_FANOUT], rng=ctx.rng).blocks[0]
+        if rank == 0:
+            hub_draws.append(ctx.book.to_original(block.src_ids[block.indices].numpy()))
+    out["hub_draws"] = hub_draws
+
+
+def table_checks(ctx: Any, features: Any, halo_ids: Tensor, halo_counts: Tensor, out: dict[str, Any]) -> None:
+    """Feature table: random ids of the whole graph, repeats included, without then with a cache."""
+    book, (start, end) = ctx.book, (ctx.graph.start, ctx.graph.start + ctx.graph.num_owned)
+    ids = torch.from_numpy(ctx.rng.integers(0, book.num_nodes, NUM_TABLE_IDS))
+    uncached = features.gather(ids)
+    stats_uncached = vars(features.stats).copy()
+    features.fill_cache_by_counts(halo_ids, halo_counts, max(1, halo_ids.numel() // 2))
+    cached = features.gather(ids)
+    out["table"] = {"ids": ids.numpy(), "orig_ids": book.to_original(ids.numpy()), "start": start, "end": end,
+                    "uncached": uncached.numpy(), "cached": cached.numpy(), "cache_ids": features.cache_ids.numpy(),
+                    "stats_uncached": stats_uncached, "stats_cached": vars(features.stats).copy()}
+    not_cached = np.setdiff1d(np.setdiff1d(np.arange(book.num_nodes), np.arange(start, end)),
+                              features.cache_ids.numpy())
+    try:
+        features.lookup(torch.from_numpy(not_cached[:1]))
+        out["lookup_error"] = None
+    except KeyError as err:
+        out["lookup_error"] = str(err)
+
+
+def halo_edge_check(halo: Any, whole: Any, book: Any) -> dict[str, np.ndarray]:
+    """Every halo node's copied in-edges as ``(dst, src)`` in original node ids, and the sources that the
+    whole structure (partitions concatenated in rank order: global edge order) stores at their edge ids."""
+    src, counts, edges = halo.sample(halo.halo_ids, -1, False, None, with_edges=True)
+    dst = np.repeat(halo.halo_ids.numpy(), counts.numpy())
+    return {"dst": book.to_original(dst), "src": book.to_original(src.numpy()),
+            "src_at_edge_id": book.to_original(whole.indices[edges.numpy()])}
 
 
 # ---------------------------------------------------------------------- jobs, one per folder
@@ -182,7 +233,7 @@ def assert_blocks_equal(got: list[dict], want: Any, *, what: str) -> None:
                                        err_msg=f"{where}: edge_weight")
 
 
-@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+@pytest.mark.parametrize("topology", ["partitioned", "replicated", "halo"])
 @pytest.mark.parametrize("config", sorted(SAMPLER_CONFIGS))
 def test_full_fanout_blocks_equal_the_single_machine_blocks(job: Job, config: str, topology: str) -> None:
     """Partitioned and replicated topologies both give the single machine's blocks, hence each other's."""
@@ -198,11 +249,12 @@ def test_full_fanout_blocks_equal_the_single_machine_blocks(job: Job, config: st
 
 
 # ---------------------------------------------------------------------- sampled fanout: distribution
-@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+@pytest.mark.parametrize("topology", ["partitioned", "replicated", "halo"])
 def test_sampled_blocks_hold_true_neighbours_min_fanout_without_repeats(job: Job, topology: str) -> None:
     ds = job.dataset
     for rank, result in enumerate(job.results):
-        seeds_orig, blocks = result["sampled" if topology == "partitioned" else "sampled_replicated"]
+        seeds_orig, blocks = result[{"partitioned": "sampled", "replicated": "sampled_replicated",
+                                     "halo": "sampled_halo"}[topology]]
         assert len(blocks) == len(SAMPLED_FANOUTS)
         np.testing.assert_array_equal(blocks[-1]["src_ids"][:len(seeds_orig)], seeds_orig)
         for block, fanout in zip(blocks, SAMPLED_FANOUTS):
@@ -220,6 +272,33 @@ def test_sampled_blocks_hold_true_neighbours_min_fanout_without_repeats(job: Job
                 values, counts = np.unique(sampled, return_counts=True)
                 stored = np.array([(true == u).sum() for u in values])
                 assert (counts <= stored).all(), f"{job.name} rank {rank}: node {v} got repeats {sampled}"
+
+
+def test_owned_seeds_with_the_halo_copy_sample_without_any_exchange(job: Job) -> None:
+    """Two hops from owned seeds stay in the owned nodes and their halo: no request; any seeds still ask."""
+    for rank, result in enumerate(job.results):
+        for config in ("plain", "self_loops"):
+            assert result["halo_exchanges"][config, "halo", "train"] == 0, f"{job.name} rank {rank} {config}"
+            assert result["halo_exchanges"][config, "partitioned", "train"] == 4, f"{job.name} rank {rank} {config}"
+        # GCN weights need the degrees of the second hop's sources, beyond the halo: read from the degree table.
+        exchanges = result["halo_exchanges"]
+        assert exchanges["gcn", "halo", "train"] < exchanges["gcn", "partitioned", "train"], f"{job.name} rank {rank}"
+        assert result["halo_exchanges"]["plain", "halo", "random"] == 4  # two rounds per hop beyond the halo
+        assert "neither owned by this rank nor in its halo" in result["beyond_halo_error"]
+
+
+def test_halo_copy_holds_each_halo_nodes_in_edges_with_their_edge_ids(job: Job) -> None:
+    ds = job.dataset
+    assert all(result["halo_over_budget"] is None for result in job.results)
+    for rank, result in enumerate(job.results):
+        got = result["halo_edge_ids"]
+        assert got["dst"].size > 0, f"{job.name} rank {rank}: an empty halo tests nothing"
+        for v in np.unique(got["dst"]):
+            mine = got["dst"] == v
+            np.testing.assert_array_equal(np.sort(got["src"][mine]), np.sort(ds.indices[ds.indptr[v]:ds.indptr[v + 1]]),
+                                          err_msg=f"{job.name} rank {rank}: in-edges of halo node {v}")
+        # Edge ids are global: the whole structure holds each copied edge's source at its id.
+        np.testing.assert_array_equal(got["src_at_edge_id"], got["src"], err_msg=f"{job.name} rank {rank}: edge ids")
 
 
 def test_remote_hub_neighbours_are_drawn_uniformly(job: Job) -> None:

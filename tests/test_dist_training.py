@@ -320,11 +320,13 @@ def test_each_rank_holds_only_its_partition(synthetic_job: list[list[dict[str, A
             if held["degree_rows"] is not None:
                 assert held["degree_rows"] == held["num_owned"] and held["degree_cache_rows"] <= held["num_halo"]
             whole = {path: shape for path, (shape, mapped) in held["arrays"].items() if shape[:1] == (n,)}
-            # The only whole-graph-sized array a rank may hold is the id map of the partition book,
-            # memory-mapped from disk (the book translates original ids; training never reads it).
-            assert all(path.endswith("part.book.orig2new") for path in whole), \
+            # The only whole-graph-sized arrays a rank may hold: the id map of the partition book, memory-mapped
+            # from disk (the book translates original ids; training never reads it), and the feature table's
+            # int32 id map (4 bytes a node, capped by DistTable.WHERE_MAP_BYTES: docs/memory.md).
+            assert all(path.endswith(("part.book.orig2new", "features._where")) for path in whole), \
                 f"rank {rank} holds whole-graph arrays: {whole}"
-            assert all(held["arrays"][path][1] for path in whole), f"rank {rank}: {whole} not memory-mapped"
+            assert all(held["arrays"][path][1] for path in whole if path.endswith("orig2new")), \
+                f"rank {rank}: {whole} not memory-mapped"
             assert len(held["arrays"]) > 20  # the walk reached parameters, optimizer state, tables, blocks
 
 

@@ -44,3 +44,38 @@ def test_matches_the_samplers_frequencies() -> None:
     assert abs(p.mean() - frequency.mean()) < 0.03
     assert (p[frequency == 0] < 0.05).all()  # never drawn in 1000 batches: a small probability
     assert (p[frequency > 0] > 0).all()  # everything the sampler reached has a probability
+
+
+def halo_copy(indptr: np.ndarray, indices: np.ndarray, start: int, end: int):
+    """The :class:`HaloGraph` rank ``[start, end)`` of a whole CSC would fetch (no collective needed here)."""
+    from samplers.distributed import HaloGraph, LocalGraph
+
+    owned = LocalGraph(indptr[start:end + 1] - indptr[start], indices[indptr[start]:indptr[end]], start=start)
+    sources = owned.indices
+    halo_ids = np.unique(sources[(sources < start) | (sources >= end)])
+    degree = indptr[halo_ids + 1] - indptr[halo_ids]
+    halo_indptr = np.concatenate([[0], np.cumsum(degree)])
+    halo_indices = np.concatenate([indices[indptr[v]:indptr[v + 1]] for v in halo_ids])
+    return HaloGraph(owned, torch.from_numpy(halo_ids), halo_indptr, halo_indices, None)
+
+
+def test_halo_inclusion_equals_the_whole_graphs_for_two_layers() -> None:
+    """From owned and halo in-edges alone, every non-owned node's probability as the whole structure gives it."""
+    from samplers.inclusion import halo_inclusion
+
+    rng = np.random.default_rng(1)
+    num_nodes, start, end = 2000, 600, 1300
+    indptr, indices = csc_from_edges(rng.integers(0, num_nodes, 12000), rng.integers(0, num_nodes, 12000),
+                                     num_nodes, symmetrize=True)
+    halo = halo_copy(indptr, indices, start, end)
+    seed_probability = np.zeros(end - start)
+    seed_probability[rng.random(end - start) < 0.2] = 0.05
+    for fanouts in ([4, 3], [-1, 2], [5]):
+        ids, p = halo_inclusion(halo, seed_probability, fanouts)
+        whole_seeds = np.zeros(num_nodes)
+        whole_seeds[start:end] = seed_probability
+        want = inclusion_probabilities(indptr, indices, whole_seeds, fanouts)
+        want[start:end] = 0
+        np.testing.assert_array_equal(ids, np.flatnonzero(want > 0), err_msg=f"fanouts {fanouts}: reached nodes")
+        np.testing.assert_allclose(p, want[ids], rtol=1e-12, err_msg=f"fanouts {fanouts}")
+        assert ids.size > halo.halo_ids.numel() or len(fanouts) == 1  # two hops reach beyond the halo

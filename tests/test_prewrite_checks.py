@@ -24,8 +24,9 @@ REFUSED = {
     "replicated-over-budget": (["--topology", "replicated", "--topology-budget-mb", "0.001"],
                                "--topology replicated needs 0.1 MiB per rank for the whole graph structure, over "
                                "--topology-budget-mb 0.001"),
-    "vip-on-partitioned": (["--topology", "partitioned", "--cache-policy", "vip"],
-                           "--cache-policy vip needs the whole graph structure on every rank"),
+    "vip-on-partitioned-without-halo-copy": (["--topology", "partitioned", "--cache-policy", "vip",
+                                              "--topology-budget-mb", "0"],
+                                             "--cache-policy vip needs every node a batch can reach"),
     "resume-of-1-rank": (["--resume"], "was written by a different run (world_size = 1, this run has 2)"),
 }
 

@@ -161,7 +161,8 @@ def refusals(rank: int, part_dir: str) -> bool:
     cases = [(["--topology", "replicated", "--topology-budget-mb", "0.001"],
               r"--topology replicated needs [0-9.]+ MiB per rank for the whole graph structure, over "
               r"--topology-budget-mb 0.001"),
-             (["--topology", "partitioned", "--cache-policy", "vip"], r"--cache-policy vip needs the whole graph"),
+             (["--topology", "partitioned", "--cache-policy", "vip", "--topology-budget-mb", "0"],
+              r"--cache-policy vip needs every node a batch can reach"),
              (["--topology", "partitioned", "--rank-capacity", "auto"], r"--rank-capacity auto times each rank's "
               r"steps alone, which needs the replicated topology"),
              (["--rank-capacity", "1,1,1"], r"gives 3 weight\(s\) for 2 ranks")]

@@ -123,13 +123,16 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> argparse._Argu
                       help="which remote rows to cache: degree = the nodes with most in-edges to owned nodes; "
                            "presample = those most requested while sampling a few batches first; vip = those most "
                            "likely inputs of this rank's batches, from the fanouts (SALIENT++; needs the replicated "
-                           "topology); auto = vip where the topology is replicated, else degree")
+                           "topology, or the partitioned one's halo copy with at most two layers); auto = vip "
+                           "where it can be ranked, else degree")
     dist.add_argument("--topology", choices=("auto", "partitioned", "replicated"), default="auto",
                       help="replicated: every rank holds the whole graph structure and samples without requests, "
-                           "only feature rows move; partitioned: each rank holds its own in-edges and asks owners "
-                           "for the rest; auto: replicated when it fits --topology-budget-mb")
+                           "only feature rows move; partitioned: each rank holds its own in-edges and a copy of its "
+                           "halo's, and asks owners for the rest; auto: replicated when it fits "
+                           "--topology-budget-mb")
     dist.add_argument("--topology-budget-mb", type=float, default=1024.0, help="MiB per rank for the whole graph "
-                      "structure (8 bytes per node and per edge)")
+                      "structure, or in the partitioned topology for the copy of the halo's in-edges (8 bytes "
+                      "per node and per edge; 0: no copy)")
     dist.add_argument("--memory-budget", type=float, default=None, metavar="MIB", help="MiB each rank may hold "
                       "above the interpreter (also a world of one; default: none, or under a memory cgroup limit "
                       "below 8 GiB a rank 60%% of what it leaves): owned feature rows that do not fit stay "

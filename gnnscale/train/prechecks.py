@@ -47,13 +47,17 @@ def check_replicated_needs(args: argparse.Namespace, *, replicated: bool) -> Non
     """The options that need the replicated topology, given whether the run gets it (the trainer's messages).
 
     Raises:
-        ValueError: ``--cache-policy vip`` with a cache, or ``--rank-capacity auto``, on a partitioned topology.
+        ValueError: ``--cache-policy vip`` with a cache on a partitioned topology that cannot rank it (no halo
+            copy, seeds dealt by capacity, or more than two layers), or ``--rank-capacity auto`` there.
     """
     if replicated:
         return
-    if args.cache_policy == "vip" and args.cache_mb != 0:
-        raise ValueError("--cache-policy vip needs the whole graph structure on every rank: use --topology "
-                         "replicated (or auto, within --topology-budget-mb), or another --cache-policy")
+    halo_ranks_vip = args.topology_budget_mb > 0 and args.rank_capacity is None and args.num_layers <= 2
+    if args.cache_policy == "vip" and args.cache_mb != 0 and not halo_ranks_vip:
+        raise ValueError("--cache-policy vip needs every node a batch can reach: the whole graph structure on "
+                         "every rank (--topology replicated, or auto within --topology-budget-mb), or the "
+                         "partitioned topology's halo copy (--topology-budget-mb > 0, no --rank-capacity, at most "
+                         "two layers); or use another --cache-policy")
     if args.rank_capacity == "auto":
         raise ValueError("--rank-capacity auto times each rank's steps alone, which needs the replicated "
                          "topology (sampling without requests): raise --topology-budget-mb, or give the "
