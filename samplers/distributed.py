@@ -202,7 +202,8 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
     degree_replies = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
     degrees = torch.cat(exchanger.exchange(degree_replies, recv_sizes=sizes))
     num_edges = int(degrees.sum())
-    need = 8 * (2 * halo_ids.numel() + 1 + num_edges * (2 if with_edges else 1))
+    # HaloGraph's bytes: the ids, the joined offsets (owned and halo), the sources (and edge ids).
+    need = 8 * (graph.num_owned + 2 * halo_ids.numel() + 1 + num_edges * (2 if with_edges else 1))
     fits = torch.tensor([int(need <= budget_bytes)], dtype=torch.int64)
     if not int(exchanger.all_reduce(fits, op=dist.ReduceOp.MIN)[0]):
         return None
