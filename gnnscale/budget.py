@@ -13,7 +13,8 @@ of the memory account (:mod:`gnnscale.memory`).  It is spent in this order, ever
    left (a slot's rows are estimated from the fanouts, the average degree and the graph's size: an upper
    estimate).
 5. **The topology**: the whole structure is replicated only when it fits :data:`TOPOLOGY_SHARE` of what is
-   left (``topology="auto"``); ``replicated`` over the budget is refused by the graph as before.
+   left (``topology="auto"``); ``replicated`` over the budget is refused by the graph as before.  Partitioned,
+   the copy of the halo's in-edges is made when it fits that share, and what it takes comes out of the cache.
 6. **The feature cache** (``cache_mb="auto"``, or a number capped to it): what is left.
 """
 
@@ -187,6 +188,10 @@ def plan_loader(graph: Any, cache: Any, *, batch_size: int, fanouts: list[int], 
     if graph.world.size > 1:
         decisions.append(f"whole structure {whole:.1f} MiB against {topology_mb:.1f} MiB: "
                          f"{'replicated' if replicated else 'partitioned'} topology")
+    if graph.world.size > 1 and not replicated:
+        # Its size is known once the owners send the halo's degrees (samplers.distributed.fetch_halo): what it
+        # takes comes out of the feature cache's MiB (gnnscale.sampling.fill_feature_cache).
+        decisions.append(f"copy of the halo's in-edges if within {topology_mb:.1f} MiB, out of the feature cache's")
     left = max(0.0, left - (whole if replicated else 0.0))
     cache_mb = left if cache.cache_mb == "auto" else min(float(cache.cache_mb), left)
     if graph.world.size > 1:

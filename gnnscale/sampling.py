@@ -126,6 +126,10 @@ def fill_feature_cache(graph: Graph, sampler: DistNeighborSampler, cache: CacheC
     table.use_id_map = True
     auto = cache.cache_mb == "auto"
     budget_mb = auto_cache_mb(world.runtime.env.local_world_size) if auto else float(cache.cache_mb)
+    copy_mb = 0.0
+    if sampler.halo is not None and (graph.budget is not None or cache.memory_budget is not None):
+        copy_mb = sampler.halo.nbytes / 2**20  # the budget's cache is what was left: the halo copy comes out of it
+        budget_mb = max(0.0, budget_mb - copy_mb)
     rows = cache_rows_for(budget_mb, table.row_shape, table.rows.dtype)
     policy = cache.cache_policy if cache.cache_policy != "auto" else "vip" if vip_reach_known(sampler) else "degree"
     candidates, counts = graph.halo()
@@ -139,7 +143,8 @@ def fill_feature_cache(graph: Graph, sampler: DistNeighborSampler, cache: CacheC
     whole = policy == "vip" and rows >= candidates.numel()
     table.cache_complete = bool(world.exchanger.all_reduce(torch.tensor([int(whole)]), op=dist.ReduceOp.MIN)[0])
     return (f"feature cache {table.cache_ids.numel()} rows ({table.cache_bytes / 2**20:.1f} MiB of "
-            f"{budget_mb:.0f} MiB{' auto' if auto else ''}, {policy}"
+            f"{budget_mb:.0f} MiB{' auto' if auto else ''}"
+            f"{f' after the halo copy {copy_mb:.2f} MiB' if copy_mb else ''}, {policy}"
             f"{', every reachable remote row: batches make no exchange' if table.cache_complete else ''})")
 
 

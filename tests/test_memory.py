@@ -170,28 +170,58 @@ def test_too_small_budget_is_a_one_line_error(one_part: Path, tmp_path: Path, ca
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
-def _two_ranks(rank: int, folder: str, budget: float) -> tuple[dict, float, bool]:
+def _two_ranks(rank: int, folder: str, budgets: list[float]) -> list[tuple]:
+    """Under each budget, one partitioned epoch: its memory record, test accuracy, whether features are mapped,
+    the halo copy's bytes (None: not made), the MiB the feature cache was filled within plus the halo copy's
+    (None: no copy was taken out of it), and the MiB the budget's plan gave the cache."""
     from gnnscale.train.trainer import TrainConfig
     from samplers import SamplerConfig
 
+    import logging
+    import re
+
+    outcomes, lines = [], []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("gnnscale.loader").addHandler(handler)
+    logging.getLogger("gnnscale.loader").setLevel(logging.INFO)
     with gs.init() as world:
-        graph = gs.open_graph(folder, world, memory_budget=budget)
-        trainer = gs.Trainer(graph, model_config=gs.ModelConfig(model="sage", num_layers=2, hidden=16),
-                             sampler_config=SamplerConfig(fanouts=[5, 5]), config=TrainConfig(epochs=1, batch_size=128),
-                             cache_config=gs.CacheConfig(memory_budget=budget, topology="partitioned"))
-        result = trainer.fit()
-        return result.memory, result.test, graph.features.mapped
+        for budget in budgets:
+            lines.clear()
+            graph = gs.open_graph(folder, world, memory_budget=budget)
+            trainer = gs.Trainer(graph, model_config=gs.ModelConfig(model="sage", num_layers=2, hidden=16),
+                                 sampler_config=SamplerConfig(fanouts=[5, 5]),
+                                 config=TrainConfig(epochs=1, batch_size=128),
+                                 cache_config=gs.CacheConfig(memory_budget=budget, topology="partitioned"))
+            result = trainer.fit()
+            halo = graph._memo.get("halo_structure")
+            halo_bytes = None if halo is None else halo.nbytes
+            config = TrainConfig(epochs=1, batch_size=128)
+            plan = budget_module.plan_loader(graph, gs.CacheConfig(memory_budget=budget, topology="partitioned"),
+                                             batch_size=128, fanouts=[5, 5], num_workers=config.num_workers,
+                                             prefetch=config.prefetch)
+            filled = [float(a) + float(b) for line in lines
+                      for a, b in re.findall(r"of ([0-9.]+) MiB after the halo copy ([0-9.]+) MiB", line)]
+            outcomes.append((result.memory, result.test, graph.features.mapped, halo_bytes,
+                             filled[0] if filled else None, plan.cache.cache_mb))
+            del trainer, graph
+    return outcomes
 
 
 def test_two_ranks_report_every_rank_under_a_budget(tmp_path: Path) -> None:
     folder = partition_dataset(_dataset(), tmp_path / "p2", 2)
     part = load_partition(folder, 0)
-    budget = plan_graph(part, 1000.0).minimum_mb + part.features.nbytes / 2**20
-    outcomes = run_ranks(_two_ranks, 2, str(folder), budget, timeout=120)
-    (record, test, mapped), (other, other_test, _) = outcomes
+    tight = plan_graph(part, 1000.0).minimum_mb + part.features.nbytes / 2**20
+    outcomes = run_ranks(_two_ranks, 2, str(folder), [tight, 1000.0], timeout=180)
+    (record, test, mapped, halo_bytes, _, _), (other, other_test, *_) = outcomes[0][0], outcomes[1][0]
     assert record == other and test == other_test and mapped
     assert [r["rank"] for r in record["end"]["ranks"]] == [0, 1]
     assert record["end"]["peak_rss_mib_sum"] >= record["end"]["peak_rss_mib_max"] > 0
+    assert halo_bytes is None  # the tight budget leaves no room for the halo copy: it is not made
+    for rank, runs in enumerate(outcomes):  # a roomy budget: the copy is made, and taken from the cache's share
+        _, _, _, halo_bytes, cache_mb, plan_cache_mb = runs[1]
+        assert halo_bytes is not None, rank
+        assert cache_mb == pytest.approx(plan_cache_mb, abs=0.51), (rank, cache_mb, plan_cache_mb)
 
 
 @pytest.mark.slow
