@@ -58,9 +58,12 @@ def _leave(runtime: Runtime, watchdog: Watchdog | None, finished: bool, agreed: 
         exit_deadline(failure_timeout + EXIT_GRACE_SECONDS)
     try:
         # After an error the traceback still holds the block's objects: their groups go with it, later.
+        # Debug, not a warning: with torch 2.15 a DistributedDataParallel, even one built and deleted at once,
+        # keeps the default group referenced from C++ after destroy_process_group (no Python referrer is left),
+        # so every multi-rank training run would warn about what the user can neither see nor change.
         if not runtime.leave_groups() and finished:
-            log.warning("rank %d: a process group is still referenced after the job was left; its collectives' "
-                        "tensors stay held until the process ends", runtime.rank)
+            log.debug("rank %d: a process group is still referenced after the job was left; its collectives' "
+                      "tensors stay held until the process ends", runtime.rank)
     finally:
         if watchdog is not None:  # a rank leaving with an error says so: its peers stop at once, naming it
             watchdog.stop() if finished or agreed else watchdog.abort()
