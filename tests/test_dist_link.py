@@ -22,7 +22,8 @@ def link_checks(rank: int, part_dir: str, edges_orig: np.ndarray) -> dict[str, A
     from gnnscale.distributed.comm import Exchanger
     from gnnscale.distributed.env import init_runtime, read_env
     from partition.load import load_partition
-    from samplers.distributed import DistNeighborSampler, LocalGraph, replicate_structure
+    from gnnscale.distributed.feature_store import edge_source_counts
+    from samplers.distributed import DistNeighborSampler, LocalGraph, fetch_halo, replicate_structure
     from samplers.link import LinkSampler, NegativeSampler
 
     part = load_partition(part_dir, rank)
@@ -36,7 +37,12 @@ def link_checks(rank: int, part_dir: str, edges_orig: np.ndarray) -> dict[str, A
         mine = edges_orig[:, rank * EDGES_PER_RANK:(rank + 1) * EDGES_PER_RANK]
         edges_new = torch.from_numpy(np.asarray(book.orig2new)[mine])
         out: dict[str, Any] = {}
-        for topology, kwargs, g in (("partitioned", {}, graph), ("replicated", {"replicated": True}, whole)):
+        start, end = part.node_range
+        # With the halo copy: seeds and negatives lie anywhere, so every hop asks owners for what is beyond it.
+        halo = fetch_halo(graph, edge_source_counts(part.indices, start, end)[0], offsets, exchanger,
+                          with_edges=False, budget_bytes=float("inf"))
+        for topology, kwargs, g in (("partitioned", {}, graph), ("replicated", {"replicated": True}, whole),
+                                    ("halo", {"halo": halo}, graph)):
             for fanouts in ([-1, -1], [3, 2]):
                 nodes = DistNeighborSampler(g, offsets, exchanger, SamplerConfig(fanouts=fanouts), **kwargs)
                 sampler = LinkSampler(nodes.sample, edges_new, NegativeSampler(book.num_nodes, 2), exclude="reverse")
@@ -67,7 +73,7 @@ def edge_set(blocks: list[dict]) -> set[tuple[int, int]]:
     return pairs
 
 
-@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+@pytest.mark.parametrize("topology", ["partitioned", "replicated", "halo"])
 def test_full_fanout_link_blocks_equal_the_single_machine_blocks(job, topology: str) -> None:
     dataset, results = job
     reference = NeighborSampler(dataset.indptr, dataset.indices, SamplerConfig(fanouts=[-1, -1]))
@@ -80,7 +86,7 @@ def test_full_fanout_link_blocks_equal_the_single_machine_blocks(job, topology: 
         assert not edge_set(got["blocks"]) & set(zip(*exclude.tolist()))
 
 
-@pytest.mark.parametrize("topology", ["partitioned", "replicated"])
+@pytest.mark.parametrize("topology", ["partitioned", "replicated", "halo"])
 def test_sampled_link_blocks_exclude_seed_edges_and_repeat(job, topology: str) -> None:
     _, results = job
     for rank, result in enumerate(results):
