@@ -403,3 +403,20 @@ def test_collective_tensors_outlive_their_exchanger_until_released() -> None:
     comm.release_kept()
     gc.collect()
     assert alive() is None
+
+
+def test_edge_ids_need_a_halo_copy_fetched_with_them() -> None:
+    """A sampler asked for edge ids over a halo copy without them is refused at once, naming the fix."""
+    from gnnscale.distributed.comm import Exchanger
+    from samplers.distributed import DistNeighborSampler, HaloGraph, LocalGraph
+
+    owned = LocalGraph(np.array([0, 1, 2]), np.array([2, 3]), start=0)
+    halo = HaloGraph(owned, torch.tensor([2, 3]), np.array([0, 1, 1]), np.array([0]), None)
+    with pytest.raises(ValueError, match=r"config.edge_ids needs a halo copy fetched with its edge ids"):
+        DistNeighborSampler(owned, torch.tensor([0, 2, 4]), Exchanger(None, 0, 1),
+                            SamplerConfig(fanouts=[2], edge_ids=True), halo=halo)
+    with pytest.raises(RuntimeError, match=r"fetched without edge ids"):
+        halo.sample(torch.tensor([2]), -1, False, None, with_edges=True)
+    # Owned and halo rows in one draw: node 2 (halo) has the in-edge 0 -> 2, node 0 (owned) 2 -> 0.
+    src, counts = halo.sample(torch.tensor([2, 0]), -1, False, None)
+    assert src.tolist() == [0, 2] and counts.tolist() == [1, 1]
