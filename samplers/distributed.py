@@ -128,8 +128,13 @@ class HaloGraph:
     @property
     def nbytes(self) -> int:
         """Bytes held beyond ``owned``."""
-        extra = [self.halo_ids.numpy(), self.halo_indices, self.indptr]
-        return sum(a.nbytes for a in extra) + (self.halo_edge_ids.nbytes if self.has_edge_ids else 0)
+        return self.bytes_for(self.owned.num_owned, self.halo_ids.numel(), self.halo_indices.size, self.has_edge_ids)
+
+    @staticmethod
+    def bytes_for(num_owned: int, num_halo: int, num_edges: int, with_edges: bool) -> int:
+        """Bytes of a copy of ``num_halo`` nodes' ``num_edges`` in-edges: their ids, the joined offsets (owned and
+        halo), the sources (and edge ids), all int64."""
+        return 8 * (num_owned + 2 * num_halo + 1 + num_edges * (2 if with_edges else 1))
 
     def known(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows, known)``: each global id's row here (owned or halo; 0 where unknown) and whether it has one."""
@@ -202,8 +207,7 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
     degree_replies = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
     degrees = torch.cat(exchanger.exchange(degree_replies, recv_sizes=sizes))
     num_edges = int(degrees.sum())
-    # HaloGraph's bytes: the ids, the joined offsets (owned and halo), the sources (and edge ids).
-    need = 8 * (graph.num_owned + 2 * halo_ids.numel() + 1 + num_edges * (2 if with_edges else 1))
+    need = HaloGraph.bytes_for(graph.num_owned, halo_ids.numel(), num_edges, with_edges)
     fits = torch.tensor([int(need <= budget_bytes)], dtype=torch.int64)
     if not int(exchanger.all_reduce(fits, op=dist.ReduceOp.MIN)[0]):
         return None
