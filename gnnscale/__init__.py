@@ -35,6 +35,10 @@ _EXPORTS = {
     "LinkLoader": "gnnscale.link_loader", "LinkBatch": "gnnscale.link_loader", "split_edges": "gnnscale.link_loader",
     "rank_share": "gnnscale.link_loader", "LinkTask": "gnnscale.link_task", "LinkMiniBatch": "gnnscale.batch",
     "DotDecoder": "gnnscale.nn", "MLPDecoder": "gnnscale.nn", "link_loss": "gnnscale.nn",
+    "TemporalEvents": "gnnscale.data.temporal", "load_temporal": "gnnscale.data.temporal",
+    "chronological_split": "gnnscale.data.temporal", "TemporalSplit": "gnnscale.data.temporal",
+    "TemporalLinkTrainer": "gnnscale.temporal.train", "TemporalTrainConfig": "gnnscale.temporal.train",
+    "TGN": "gnnscale.temporal", "TGNConfig": "gnnscale.temporal", "MemoryConfig": "gnnscale.temporal",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,7 +29,7 @@ def test_api_page_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:
         except Exception as error:  # noqa: BLE001 - name the block that broke
             raise AssertionError(f"docs/api.md python block {number} failed: {error!r}\n{block}") from error
     printed = capsys.readouterr().out
-    assert "fanout 0 is invalid" in printed and "validation accuracy" in printed
+    assert "fanout 0 is invalid" in printed and "validation accuracy" in printed and "temporal: test AP" in printed
 
 
 def test_library_calls_leave_the_global_generator_and_configs_alone() -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from distributed_helpers import run_ranks
+import gnnscale as gs
 from gnnscale.data.temporal import TemporalEvents, chronological_split
 from gnnscale.temporal import MemoryConfig, TGNConfig
 from gnnscale.temporal.sharded import partition_interactions
@@ -647,12 +648,13 @@ def test_sharded_memory_and_config_errors():
         ShardedMemory(memory, torch.zeros(10, dtype=torch.int64), staleness=0, exchanger=one, wire_dtype="fp8")
     with pytest.raises(TypeError, match="wire dtype int8 encodes float32 memory only, and this one is torch.float64"):
         ShardedMemory(memory.double(), torch.zeros(10, dtype=torch.int64), staleness=0, exchanger=one, wire_dtype="int8")
+    with pytest.raises(ValueError, match="unknown partition_method 'kaminpar'; choose metis or random"):
+        TemporalTrainConfig(partition_method="kaminpar")
     events = stream(num_events=200, num_nodes=30)
-    with pytest.raises(ValueError, match="several ranks need an owner rank for every node"):
+    with gs.init() as world, pytest.raises(ValueError, match="give world or runtime, not both"):
         TemporalLinkTrainer(events, chronological_split(events), memory_config=MemoryConfig(memory_dim=4, time_dim=4),
                             tgn_config=TGNConfig(embedding_dim=4, heads=2), config=TemporalTrainConfig(),
-                            runtime=type("Runtime", (), {"rank": 0, "world_size": 2, "device": torch.device("cpu"),
-                                                         "group": None, "sample_group": None})())
+                            world=world, runtime=world.runtime)
 
 
 def test_unknown_bench_wire_dtype_is_a_one_line_error(tmp_path):

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, run_command
+from gnnscale.options import WIRE_DTYPES, NoEffect, Parser, add_section, flags_in_errors, run_command
 
 log = logging.getLogger("gnnscale.temporal")
 
@@ -200,12 +200,9 @@ def run(args: argparse.Namespace) -> dict:
             args.parallelism if args.parallelism != "sharded" else f"k{args.staleness}") if env.is_distributed else "")
         + (f"-{args.wire_dtype}" if args.wire_dtype != "float32" and env.is_distributed else "")
         + (f"-grad-{args.grad_dtype}" if args.grad_dtype != "float32" and env.is_distributed else ""))
-    if not env.is_distributed:
-        if args.staleness:
-            log.info("one process: every read is exact, --staleness %d has nothing to bound", args.staleness)
-        best = _train(args, events, split, runtime=None, owner=None, out=out)
-    else:
-        best = _train_distributed(args, events, split, env, out)
+    if not env.is_distributed and args.staleness:
+        log.info("one process: every read is exact, --staleness %d has nothing to bound", args.staleness)
+    best = _train(args, events, split, env, out)
     metrics = _metrics(args, events.name, best, env)
     if env.is_main:
         from gnnscale.train.cli import publish_metrics
@@ -243,56 +240,29 @@ def _metrics(args: argparse.Namespace, name: str, best: dict, env) -> dict:
             "history": best["history"]}
 
 
-def _train(args: argparse.Namespace, events, split, *, runtime, owner, out: Path) -> dict:
-    from gnnscale.temporal import MemoryConfig, TGNConfig
-    from gnnscale.temporal.train import TemporalLinkTrainer, TemporalTrainConfig
+def _train(args: argparse.Namespace, events, split, env, out: Path) -> dict:
+    """The job (a world of one, or torchrun's) and the public API's temporal trainer in it."""
+    import gnnscale as gs
 
-    config = TemporalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                 num_neighbors=args.num_neighbors, sampling=args.sampling,
-                                 eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
-                                 device=args.device, staleness=args.staleness,
-                                 event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
-                                 parallelism=args.parallelism, sync_every=args.sync_every,
-                                 memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives,
-                                 wire_dtype=args.wire_dtype, grad_dtype=args.grad_dtype,
-                                 checkpoint_every=args.checkpoint_every, resume=args.resume)
-    memory_config = MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
-                                 edge_dim=events.num_edge_features, aggregator=args.aggregator)
-    tgn_config = TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout, init=args.init,
-                           static_memory=args.static_memory)
-    trainer = TemporalLinkTrainer(events, split, memory_config=memory_config, tgn_config=tgn_config, config=config,
-                                  runtime=runtime, owner=owner, out=out)
-    return trainer.fit()
-
-
-def _train_distributed(args: argparse.Namespace, events, split, env, out: Path) -> dict:
-    """Join the job, assign node memory to ranks (rank 0 partitions, everyone receives it), train."""
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-
-    from gnnscale.distributed.job import joined_job
-    from gnnscale.temporal.sharded import partition_interactions
-
-    with joined_job(env, args.device, args.failure_timeout) as runtime:
-        if args.parallelism != "sharded":  # every rank holds every node: no owners
-            return _train(args, events, split, runtime=runtime, owner=None, out=out)
-        owner = torch.zeros(events.num_nodes, dtype=torch.int64)
-        if env.rank == 0:
-            start = time.perf_counter()
-            train = split.train
-            owner = torch.from_numpy(partition_interactions(
-                events.src[train], events.dst[train], events.num_nodes, env.world_size,
-                method=args.partition_method, seed=args.seed))
-            ranks = owner.numpy()[events.src[train]]
-            cut = float(np.mean(ranks != owner.numpy()[events.dst[train]]))
-            log.info("node memory: %s partition of the training interactions in %.1fs; nodes per rank %s, "
-                     "training events per rank %s, %.1f%% of events cross ranks", args.partition_method,
-                     time.perf_counter() - start, np.bincount(owner.numpy(), minlength=env.world_size).tolist(),
-                     np.bincount(ranks, minlength=env.world_size).tolist(), 100 * cut)
-        dist.broadcast(owner, src=0, group=runtime.sample_group)
-        best = _train(args, events, split, runtime=runtime, owner=owner.numpy(), out=out)
-    return best
+    config = gs.TemporalTrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                    num_neighbors=args.num_neighbors, sampling=args.sampling,
+                                    eval_negatives=args.eval_negatives, patience=args.patience, seed=args.seed,
+                                    device=args.device, staleness=args.staleness,
+                                    event_split=args.event_split, neighbor_cutoff=args.neighbor_cutoff,
+                                    parallelism=args.parallelism, sync_every=args.sync_every,
+                                    memory_cache_rows=args.memory_cache_rows, train_negatives=args.train_negatives,
+                                    wire_dtype=args.wire_dtype, grad_dtype=args.grad_dtype,
+                                    checkpoint_every=args.checkpoint_every, resume=args.resume,
+                                    partition_method=args.partition_method)
+    memory_config = gs.MemoryConfig(memory_dim=args.memory_dim, time_dim=args.time_dim,
+                                    edge_dim=events.num_edge_features, aggregator=args.aggregator)
+    tgn_config = gs.TGNConfig(embedding_dim=args.embedding_dim, heads=args.heads, dropout=args.dropout,
+                              init=args.init, static_memory=args.static_memory)
+    # The trainer holds the job's groups: it must be gone when the job is left, so only its results leave the block.
+    # The library names its arguments; inside the job a failing rank reports before main() sees the error.
+    with gs.init(args.device, failure_timeout=args.failure_timeout, env=env) as world, flags_in_errors(build_parser()):
+        return gs.TemporalLinkTrainer(events, split, world=world, memory_config=memory_config, tgn_config=tgn_config,
+                                      config=config, out=out).fit()
 
 
 def main(argv: list[str] | None = None) -> int:

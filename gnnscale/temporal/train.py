@@ -139,6 +139,9 @@ class TemporalTrainConfig:
     (:mod:`gnnscale.temporal.checkpoint`)."""
     resume: bool = False
     """Continue from the ``out`` folder's checkpoint when there is one."""
+    partition_method: str = "metis"
+    """Sharded, several ranks: how the trainer assigns node memory to ranks when not given owners
+    (:func:`memory_owners`): ``metis`` on the training interactions (few remote reads) or ``random``."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "num_neighbors", "eval_negatives", "sync_every"):
@@ -149,12 +152,41 @@ class TemporalTrainConfig:
         for name, choices in (("sampling", ("recent", "uniform")), ("event_split", ("balanced", "owner")),
                               ("neighbor_cutoff", ("batch", "event")), ("train_negatives", ("all", "train", "seen")),
                               ("parallelism", ("sharded", "memory", "epoch")), ("wire_dtype", WIRE_DTYPES),
-                              ("grad_dtype", GRAD_DTYPES)):
+                              ("grad_dtype", GRAD_DTYPES), ("partition_method", ("metis", "random"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         for name, unit in (("staleness", " global steps"), ("patience", ""), ("checkpoint_every", " epochs")):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0{unit}, got {getattr(self, name)}")
+
+
+def memory_owners(events, split, runtime, *, method: str = "metis", seed: int = 0) -> np.ndarray:
+    """int64 [num_nodes]: the rank owning each node's memory, the same on every rank of ``runtime``.
+
+    Rank 0 partitions the training interactions (:func:`~gnnscale.temporal.sharded.partition_interactions`)
+    and sends the result to the others, so every rank holds the same assignment whatever its own
+    partitioner would have drawn.
+    """
+    import torch.distributed as dist
+
+    from gnnscale.temporal.sharded import partition_interactions
+
+    world_size = runtime.world_size
+    owner = torch.zeros(events.num_nodes, dtype=torch.int64)
+    if runtime.rank == 0:
+        start = time.perf_counter()
+        train = split.train
+        owner = torch.from_numpy(partition_interactions(events.src[train], events.dst[train], events.num_nodes,
+                                                        world_size, method=method, seed=seed))
+        ranks = owner.numpy()[events.src[train]]
+        cut = float(np.mean(ranks != owner.numpy()[events.dst[train]]))
+        log.info("node memory: %s partition of the training interactions in %.1fs; nodes per rank %s, "
+                 "training events per rank %s, %.1f%% of events cross ranks", method, time.perf_counter() - start,
+                 np.bincount(owner.numpy(), minlength=world_size).tolist(),
+                 np.bincount(ranks, minlength=world_size).tolist(), 100 * cut)
+    if world_size > 1:
+        dist.broadcast(owner, src=0, group=runtime.sample_group)
+    return owner.numpy()
 
 
 def split_events(preferred: np.ndarray, world_size: int) -> np.ndarray:
@@ -177,22 +209,28 @@ def split_events(preferred: np.ndarray, world_size: int) -> np.ndarray:
 class TemporalLinkTrainer:
     """Trains a :class:`TGN` on the training events of ``split`` and evaluates on the rest.
 
+    The same code trains in a world of one and on N ranks under torchrun (``world``); on N ranks, sharded,
+    the trainer assigns node memory to ranks itself (:func:`memory_owners`, ``config.partition_method``).
+
     Args:
-        events: the whole stream (``gnnscale.data.temporal.TemporalEvents``).
-        split: its ``chronological_split``.
-        runtime: the process groups of a multi-rank job (``None``: one process).
-        owner: int64 [num_nodes], the rank owning each node's memory (several ranks, sharded; see
-            :func:`~gnnscale.temporal.sharded.partition_interactions`).
+        events: the whole stream (:class:`gnnscale.TemporalEvents`).
+        split: its :func:`~gnnscale.chronological_split`.
+        world: the job (:func:`gnnscale.init`); its device is the training device.  ``None``: one
+            process on ``config.device``.
+        runtime: the process groups of a multi-rank job, for callers that manage them (instead of ``world``).
+        owner: int64 [num_nodes], the rank owning each node's memory (several ranks, sharded; default:
+            :func:`memory_owners`).
         record: keep every remote read and owned write (tests; :class:`ShardedMemory`).
         out: the run folder for checkpoints (``None``: none); every rank writes its memory share there.
     """
 
     def __init__(self, events, split, *, memory_config: MemoryConfig, tgn_config: TGNConfig,
-                 config: TemporalTrainConfig, runtime=None, owner: np.ndarray | None = None,
+                 config: TemporalTrainConfig, world=None, runtime=None, owner: np.ndarray | None = None,
                  record: bool = False, out: Path | None = None) -> None:
-        from samplers.temporal import (RandomDestinationSampler, SeenDestinationSampler, TemporalGraph,
-                                       TemporalNeighborSampler)
-
+        if world is not None:
+            if runtime is not None:
+                raise ValueError("give world or runtime, not both")
+            runtime = world.runtime
         self.events, self.split, self.config = events, split, config
         self.rank = 0 if runtime is None else runtime.rank
         self.world_size = 1 if runtime is None else runtime.world_size
@@ -200,9 +238,9 @@ class TemporalLinkTrainer:
         # Memory and epoch parallelism: every rank holds a whole memory (a "group" of one rank), not sharded.
         self.groups = self.world_size if config.parallelism in ("memory", "epoch") else 1
         shards = self.world_size // self.groups
+        if owner is None and shards > 1:
+            owner = memory_owners(events, split, runtime, method=config.partition_method, seed=config.seed)
         if owner is None or shards == 1:
-            if shards > 1:
-                raise ValueError("several ranks need an owner rank for every node (partition_interactions)")
             owner = np.zeros(events.num_nodes, dtype=np.int64)
         with seeded(config.seed, torch.device("cpu")):  # seeded weights built on the CPU, the caller's RNG untouched
             self.model = TGN(events.num_nodes, memory_config, tgn_config).to(self.device)
@@ -223,17 +261,7 @@ class TemporalLinkTrainer:
                                    exchanger=self.comm if shards > 1 else Exchanger(None, 0, 1))
         # Who computes each event: the owner of its source, balanced per batch (see split_events).
         self.event_owner = np.asarray(owner)[events.src]
-        train = np.flatnonzero(split.train)
-        # Training sees only training events as neighbours; evaluation sees every event before each query.
-        self.train_graph = TemporalGraph(events.src[train], events.dst[train], events.t[train], events.num_nodes)
-        self.full_graph = TemporalGraph(events.src, events.dst, events.t, events.num_nodes)
-        self.train_sampler = TemporalNeighborSampler(self.train_graph, config.num_neighbors, config.sampling)
-        self.full_sampler = TemporalNeighborSampler(self.full_graph, config.num_neighbors, config.sampling)
-        self.train_event_ids = train
-        self.negatives = RandomDestinationSampler(np.unique(events.dst))
-        self.train_negatives = self.negatives if config.train_negatives == "all" else \
-            RandomDestinationSampler(events.dst[train]) if config.train_negatives == "train" else \
-            SeenDestinationSampler(events.dst[train])
+        self._build_samplers()
         # Negatives come from the `rng` every rank shares; neighbours ("uniform") from this rank's own.
         self.sample_rng = np.random.default_rng((config.seed, 0, self.rank))
         self.mrr_rng = np.random.default_rng((config.seed, 0, 3))
@@ -246,6 +274,24 @@ class TemporalLinkTrainer:
         self.t = torch.from_numpy(events.t).to(self.device)
         self.checkpoint = TemporalCheckpoint(out, config, comm=self.comm, fingerprint=run_fingerprint(
             events, split, config, memory_config, tgn_config, owner, self.world_size))
+
+    def _build_samplers(self) -> None:
+        """Neighbours and negatives: training sees only training events as neighbours; evaluation sees every
+        event before each query."""
+        from samplers.temporal import (RandomDestinationSampler, SeenDestinationSampler, TemporalGraph,
+                                       TemporalNeighborSampler)
+
+        events, config = self.events, self.config
+        train = np.flatnonzero(self.split.train)
+        self.train_graph = TemporalGraph(events.src[train], events.dst[train], events.t[train], events.num_nodes)
+        self.full_graph = TemporalGraph(events.src, events.dst, events.t, events.num_nodes)
+        self.train_sampler = TemporalNeighborSampler(self.train_graph, config.num_neighbors, config.sampling)
+        self.full_sampler = TemporalNeighborSampler(self.full_graph, config.num_neighbors, config.sampling)
+        self.train_event_ids = train
+        self.negatives = RandomDestinationSampler(np.unique(events.dst))
+        self.train_negatives = self.negatives if config.train_negatives == "all" else \
+            RandomDestinationSampler(events.dst[train]) if config.train_negatives == "train" else \
+            SeenDestinationSampler(events.dst[train])
 
     # ------------------------------------------------------------------ one batch
     def _neighborhood(self, sampler, nodes: Tensor, times: Tensor, rng: np.random.Generator,
