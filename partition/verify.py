@@ -28,6 +28,19 @@ from partition.segments import gather_segments, node_chunks
 _ROW_CHUNK_BYTES = 64 << 20
 
 
+def _check_files(root: Path, manifest: dict, checksums: bool) -> int:
+    """Every file a folder of its parts holds is listed, present and of the recorded size (and sha256); how many."""
+    num_parts = manifest["num_parts"]
+    arrays = [*PART_ARRAYS, *(["edge_features"] if "edge_data" in manifest else [])]
+    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in arrays]
+    for rel in needed:
+        if rel not in manifest["files"]:
+            raise PartitionError(f"{root / 'manifest.json'}: does not list {rel}, which a folder of {num_parts} "
+                                 f"partition(s) holds; {REPAIR}")
+        check_file(root, rel, manifest["files"][rel], checksum=checksums)
+    return len(needed)
+
+
 def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: bool = True,
            log: Callable[[str], None] | None = None) -> dict:
     """Check the partition folder ``root``; raise at the first problem.
@@ -55,14 +68,8 @@ def verify(root: str | Path, dataset: GraphDataset | None = None, *, checksums: 
 
     manifest = read_manifest(root)
     num_parts, num_nodes = manifest["num_parts"], manifest["num_nodes"]
-    arrays = [*PART_ARRAYS, *(["edge_features"] if "edge_data" in manifest else [])]
-    needed = [ORIG2NEW] + [part_file(p, name) for p in range(num_parts) for name in arrays]
-    for rel in needed:
-        if rel not in manifest["files"]:
-            raise PartitionError(f"{root / 'manifest.json'}: does not list {rel}, which a folder of {num_parts} "
-                                 f"partition(s) holds; {REPAIR}")
-        check_file(root, rel, manifest["files"][rel], checksum=checksums)
-    passed(f"files: {len(needed)} present with the recorded sizes" + (" and sha256" if checksums else ""))
+    needed = _check_files(root, manifest, checksums)
+    passed(f"files: {needed} present with the recorded sizes" + (" and sha256" if checksums else ""))
 
     offsets = node_offsets(manifest)
     _check_none_empty(root, manifest, offsets)
