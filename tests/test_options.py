@@ -37,7 +37,7 @@ def test_options_in_both_commands_have_one_name_help_and_default():
         assert a.default == b.default or a.dest in PER_MODEL, name
     assert node["--failure-timeout"].default == temporal["--failure-timeout"].default == 120.0
     assert node["--patience"].default == temporal["--patience"].default == 0
-    assert (node["--lr"].default, temporal["--lr"].default) == (0.01, 5e-4)
+    assert (node["--lr"].default, temporal["--lr"].default) == (0.01, None)  # None: the temporal trainer's default_lr
     assert node["--wire-dtype"].choices == temporal["--wire-dtype"].choices and \
         node["--wire-dtype"].default == temporal["--wire-dtype"].default == "float32"
 

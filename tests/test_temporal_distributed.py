@@ -116,6 +116,9 @@ def ranks_job(rank: int, method: str) -> dict:
             results[key] = {"memory": trainer.model.memory.state.memory.numpy().copy(), **metrics, "steps": len(steps),
                             "batches": batches,
                             "weights": torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()}
+        # No lr given: memory groups scale the base rate by their number, the other modes keep it.
+        results["default_lr"] = {mode: build(events, 0, runtime, owner if mode == "sharded" else None,
+                                             parallelism=mode, lr=None).lr for mode in ("sharded", "memory", "epoch")}
         # Float32 memory: exact rows, then int8 rows on the wire (K = 1).
         for dtype in ("float32", "int8"):
             trainer = build(events, 1, runtime, owner, wire_dtype=dtype)
@@ -299,6 +302,14 @@ def test_memory_groups_agree_on_weights_and_metrics_and_learn(two_ranks):
     assert first["remote_reads_run"] == 0 and len(first["peak_rss_mib_per_rank"]) == 2
     still = two_ranks[0]["memory-still"]  # the same run with weights held still: training helped
     assert first["val_ap"] > still["val_ap"] + 0.03
+
+
+def test_memory_groups_scale_the_default_learning_rate_by_their_number(two_ranks):
+    from gnnscale.temporal.train import BASE_LR, default_lr
+
+    for rank in range(2):
+        assert two_ranks[rank]["default_lr"] == {"sharded": BASE_LR, "memory": 2 * BASE_LR, "epoch": BASE_LR}
+    assert default_lr("memory", 1) == BASE_LR and default_lr("memory", 4) == 4 * BASE_LR
 
 
 def test_sync_every_steps_once_per_s_batches_on_every_group(two_ranks):

@@ -116,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--new-node-fraction", type=float, default=0.1, help="share of the nodes appearing after the "
                       "validation cut held out of training (inductive evaluation)")
     _add_model_options(parser.add_argument_group("model"))
-    # TGN's Adam has no weight decay, and it evaluates after every epoch; lr: TGN's own 1e-4 converged
-    # several times slower on Wikipedia than 5e-4.
-    optimisation = add_section(parser, "optimisation", without=("--weight-decay", "--eval-every"), lr=5e-4)
+    # TGN's Adam has no weight decay, and it evaluates after every epoch; lr: None is the trainer's default_lr,
+    # 5e-4 (TGN's own 1e-4 converged several times slower on Wikipedia), times R for R memory groups.
+    optimisation = add_section(parser, "optimisation", without=("--weight-decay", "--eval-every"), lr=None)
     optimisation.add_argument("--eval-negatives", type=int, default=10, help="negative destinations per event "
                               "for MRR")
     _add_loader_options(parser.add_argument_group("loader"))
