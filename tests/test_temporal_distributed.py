@@ -549,7 +549,7 @@ def test_bench_and_command_line_on_two_ranks(tmp_path):
 
 
 def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
-    """``scripts/bench_temporal_scale.py``: one process and 2 memory groups under torchrun, for real."""
+    """``scripts/bench_temporal_scale.py``: one process, 2 memory groups and 2 shards at K=0 under torchrun, for real."""
     import json
     import subprocess
     import sys
@@ -560,12 +560,16 @@ def test_scale_bench_runs_one_process_and_memory_groups(tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_scale.py"), "--dataset", "npz",
-                           "--data-dir", str(tmp_path / "events.npz"), "--seeds", "0", "--modes", "memory",
+                           "--data-dir", str(tmp_path / "events.npz"), "--seeds", "0", "--modes", "memory,sharded:0",
                            "--epochs", "2", "--patience", "0", "--batch-size", "50", "--workdir", str(tmp_path / "work"),
                            "--out", str(out)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "| memory, 2 ranks |" in done.stdout and "| single |" in done.stdout
     result = json.loads(out.read_text())
+    (sharded,) = result["runs"]["sharded:0, 2 ranks"]
+    assert sharded["parallelism"] == "sharded" and sharded["staleness"] == 0 and sharded["remote_read_fraction"] > 0
+    assert result["verdicts"]["sharded:0, 2 ranks"]["test_ap_change_per_seed"] == [pytest.approx(
+        sharded["test_ap"] - result["runs"]["single"][0]["test_ap"])]
     (memory,) = result["runs"]["memory, 2 ranks"]
     assert memory["world_size"] == 2 and memory["parallelism"] == "memory" and memory["epochs_run"] == 2
     assert len(memory["peak_rss_mib_per_rank"]) == 2 and min(memory["peak_rss_mib_per_rank"]) > 50
