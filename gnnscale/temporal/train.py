@@ -177,6 +177,27 @@ def default_lr(parallelism: str, world_size: int) -> float:
     return BASE_LR * world_size if parallelism == "memory" and world_size > 1 else BASE_LR
 
 
+DENSE_EVENTS_PER_NODE = 100.0
+"""Training events per node (both ends counted, over the nodes that have any) from which a stream counts as
+dense: Wikipedia has 26, CollegeMsg 47; SNAP email-Eu-core Dept1 286, the synthetic dense stream 127."""
+
+
+def dense_stream_warning(events, split, config: TemporalTrainConfig, world_size: int) -> str | None:
+    """What to warn about before memory parallelism sums gradients over several batches on a dense stream
+    (``None``: nothing).  Measured (docs/temporal.md, Dense streams): on the dense SNAP stream, batch 200,
+    ``sync_every=4`` lost 0.17 test AP against one process on seed 0 (0.7468 against 0.9139), and 0.15 on
+    issue 31's own dense stream, where ``sync_every=1`` is within 0.02 above one process."""
+    if config.parallelism != "memory" or world_size == 1 or config.sync_every == 1:
+        return None
+    ends = np.concatenate([events.src[split.train], events.dst[split.train]])
+    per_node = ends.size / max(np.unique(ends).size, 1)
+    if per_node < DENSE_EVENTS_PER_NODE:
+        return None
+    return (f"memory parallelism with sync_every={config.sync_every} on a dense stream ({per_node:.0f} training "
+            f"events per node, dense from {DENSE_EVENTS_PER_NODE:.0f}) lost 0.15-0.17 test AP against one process on "
+            "the dense streams measured; sync_every=1 (the default) kept it (docs/temporal.md, Dense streams)")
+
+
 def memory_owners(events, split, runtime, *, method: str = "metis", seed: int = 0) -> np.ndarray:
     """int64 [num_nodes]: the rank owning each node's memory, the same on every rank of ``runtime``.
 
@@ -269,6 +290,9 @@ class TemporalLinkTrainer:
         if config.lr is None and self.lr != BASE_LR:
             log.info("learning rate %g: %g x %d memory groups (each epoch takes 1/%d of the steps; give lr to "
                      "choose another)", self.lr, BASE_LR, self.world_size, self.world_size)
+        warning = dense_stream_warning(events, split, config, self.world_size)
+        if warning is not None and self.rank == 0:
+            log.warning(warning)
         self.optimizer, *self.sparse_optimizers = self.model.optimizers(self.lr)
         # Gradients travel on the training group (NCCL on CUDA); memory rows on the gloo group.
         self.grad_comm = Exchanger(None if runtime is None else runtime.group, self.rank, self.world_size)
