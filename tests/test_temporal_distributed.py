@@ -684,3 +684,20 @@ def test_unknown_bench_wire_dtype_is_a_one_line_error(tmp_path):
     assert done.returncode == 2 and not (tmp_path / "bench.json").exists()
     assert done.stderr.strip().splitlines() == [
         "error: --wire-dtypes takes comma-separated values of float32, float16, bfloat16, int8, got 'float32,fp8'"]
+
+
+def test_scale_bench_refuses_an_unknown_mode_in_one_line(tmp_path):
+    """``--modes`` takes memory, epoch, sharded or sharded:K; anything else is refused before any run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for modes in ("sharded:x", "memory:2", "sharded:-1", "pipeline"):
+        done = subprocess.run([sys.executable, str(root / "scripts" / "bench_temporal_scale.py"), "--modes", modes,
+                               "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out.json")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            "error: --seeds needs at least one integer, --ranks >= 2, --modes some of memory, sharded, "
+            "sharded:K (K >= 0), epoch"], (modes, done.stderr)
+        assert not (tmp_path / "work").exists() and not (tmp_path / "out.json").exists()
