@@ -14,12 +14,14 @@ with ``OMP_NUM_THREADS=1``; while it runs, every process of it (torchrun's ranks
   baseline;
 * ``one``: 1 process on the 1-part folder;
 * ``four``: 4 ranks, ``--topology partitioned --cache-mb 0``;
+* ``four-global``: ``four`` with a quarter of the batch per rank (``--batch-size 250``): a step covers the 1,000
+  seeds of ``one``'s step, as data parallelism at an unchanged global batch trains (``--batch-size`` is per rank);
 * ``mapped``: ``one`` with ``--memory-budget`` just above the partition's minimum, so the owned features stay
   memory-mapped (:mod:`gnnscale.distributed.mapped`);
 * ``four-budget``: 4 ranks with the defaults and ``--memory-budget`` a quarter of ``one``'s peak above ``bare``.
 
 Reported: the 4 ranks' peak RSS above ``bare``, summed, over ``one``'s (target <= 1.3); ``one``'s peak above
-``bare`` over its folder's bytes (target <= 2); both again above the ``empty`` runs instead of ``bare``; ``mapped``'s median epoch time over ``one``'s and whether their
+``bare`` over its folder's bytes (target <= 2); the first again with ``four-global``; both again above the ``empty`` runs instead of ``bare``; ``mapped``'s median epoch time over ``one``'s and whether their
 accuracies are identical.  Times on a shared host are noisy: the ratio is of medians over epochs after the first.
 """
 
@@ -38,8 +40,8 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--batch-size", "1000",
-         "--quiet"]
+BATCH = 1000
+MODEL = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--quiet"]
 TARGET_SUM, TARGET_FOLDER = 1.3, 2.0
 MIB = 2**20
 
@@ -119,13 +121,15 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def train(args: argparse.Namespace, name: str, folder: Path, ranks: int, extra: list[str]) -> dict:
-    """One training run: its metrics, the polled peaks of its ranks, and its epoch times."""
+def train(args: argparse.Namespace, name: str, folder: Path, ranks: int, extra: list[str], batch: int = BATCH) -> dict:
+    """One training run (``batch`` seeds per step and rank): its metrics, the polled peaks of its ranks, and its
+    epoch times."""
     out = args.work / "runs" / name
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] \
         if ranks > 1 else [sys.executable]
     command = [*launch, str(ROOT / "scripts" / "train_node_classification.py"), "--partitions", str(folder), *MODEL,
-               "--epochs", str(args.epochs), "--eval-every", str(args.epochs), "--out", str(out), *extra]
+               "--batch-size", str(batch), "--epochs", str(args.epochs), "--eval-every", str(args.epochs), "--out",
+               str(out), *extra]
     started = time.perf_counter()
     peaks, anon, _ = poll_peaks(command, args.timeout)
     metrics = json.loads((out / "metrics.json").read_text())
@@ -169,10 +173,13 @@ def summarise(bare: float, folder: int, runs: dict[str, dict]) -> dict:
     one, four, mapped = runs["one"], runs["four"], runs["mapped"]
     above_one = one["peak_rss_mib"][0] - bare
     above_four = sum(p - bare for p in four["peak_rss_mib"])
+    above_global = sum(p - bare for p in runs["four-global"]["peak_rss_mib"])
     data_one = one["peak_rss_mib"][0] - runs["empty"]["peak_rss_mib"][0]
     data_four = sum(p - e for p, e in zip(four["peak_rss_mib"], runs["empty4"]["peak_rss_mib"]))
     return {"bare_mib": bare, "one_folder_mib": round(folder / MIB, 1), "one_above_bare_mib": round(above_one, 1),
             "four_above_bare_sum_mib": round(above_four, 1), "sum_ratio": round(above_four / above_one, 2),
+            "four_global_above_bare_sum_mib": round(above_global, 1),
+            "sum_ratio_global": round(above_global / above_one, 2),
             "folder_ratio": round(above_one / (folder / MIB), 2), "one_above_empty_mib": round(data_one, 1),
             "four_above_empty_sum_mib": round(data_four, 1), "sum_ratio_empty": round(data_four / data_one, 2),
             "folder_ratio_empty": round(data_one / (folder / MIB), 2),
@@ -194,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"empty": train(args, "empty", empty1, 1, []),
             "empty4": train(args, "empty4", empty4, 4, ["--topology", "partitioned", "--cache-mb", "0"]),
             "one": train(args, "one", one_folder, 1, []),
-            "four": train(args, "four", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"])}
+            "four": train(args, "four", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"]),
+            "four-global": train(args, "four-global", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"],
+                                 batch=BATCH // 4)}
     runs["mapped"] = train(args, "mapped", one_folder, 1, ["--memory-budget", str(mapped_budget(one_folder))])
     quarter = round((runs["one"]["peak_rss_mib"][0] - bare) / 4, 1)
     runs["four-budget"] = train(args, "four-budget", four_folder, 4, ["--memory-budget", str(quarter)])
@@ -210,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs.values():
         print_account(run)
     print(f"4 ranks summed above bare / one process above bare: {summary['sum_ratio']} (target <= {TARGET_SUM})")
+    print(f"the same at one process's global batch ({BATCH // 4} seeds per rank): {summary['sum_ratio_global']}")
     print(f"one process above bare / its folder: {summary['folder_ratio']} (target <= {TARGET_FOLDER})")
     print(f"above the empty runs instead: 4 ranks summed / one process {summary['sum_ratio_empty']}, one process / "
           f"its folder {summary['folder_ratio_empty']}")

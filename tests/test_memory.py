@@ -226,7 +226,7 @@ def test_two_ranks_report_every_rank_under_a_budget(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
-    """scripts/bench_rank_memory.py on a tiny graph (six training runs, about a minute): the report is
+    """scripts/bench_rank_memory.py on a tiny graph (seven training runs, about a minute): the report is
     complete; nothing about its figures is asserted but what must hold whatever the host."""
     import json
     import subprocess
@@ -239,9 +239,12 @@ def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert set(report["runs"]) == {"empty", "empty4", "one", "four", "mapped", "four-budget"}
+    assert set(report["runs"]) == {"empty", "empty4", "one", "four", "four-global", "mapped", "four-budget"}
     assert len(report["runs"]["four"]["peak_rss_mib"]) == 4 and report["summary"]["mapped_accuracy_identical"]
-    assert "target <= 1.3" in proc.stdout
+    assert "--batch-size 250 " in report["runs"]["four-global"]["command"]
+    assert "--batch-size 1000 " in report["runs"]["four"]["command"]
+    assert report["summary"]["sum_ratio_global"] > 0
+    assert "target <= 1.3" in proc.stdout and "global batch (250 seeds per rank)" in proc.stdout
 
 
 def test_under_a_budget_freed_memory_goes_back_to_the_system(monkeypatch: pytest.MonkeyPatch) -> None:
