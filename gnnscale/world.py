@@ -11,12 +11,16 @@ script runs unchanged in both::
         ...
 
 Leaving the ``with`` block waits for every rank (a barrier), then leaves the job; an exception leaves at
-once and tells the peers.  :meth:`World.close` does the same without a ``with``.
+once and tells the peers.  :meth:`World.close` does the same without a ``with``.  A world still open when the
+interpreter exits is closed then (``atexit``): after a clean end as ``close`` would, after an uncaught
+exception as an error, so a forgotten ``close`` neither hangs the peers nor prints a traceback at shutdown.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
 from types import TracebackType
 
 import torch
@@ -87,7 +91,20 @@ class World:
                  trace: TracebackType | None) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
+            atexit.unregister(self._close_at_exit)
             stack.__exit__(kind, error, trace)
+
+    def _close_at_exit(self) -> None:
+        """Leave a job the script never closed while the interpreter can still run the leaving code (left to
+        the garbage collector, the job's generator would be closed during shutdown, half torn down).  After an
+        uncaught exception (``sys.last_exc``, set when the traceback was printed) leave as after an error:
+        at once, telling the peers, instead of waiting at the barrier for peers that may never come."""
+        error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if error is None:
+            self.close()
+            return
+        with contextlib.suppress(BaseException):  # already reported: the traceback is on stderr
+            self.__exit__(type(error), error, error.__traceback__)
 
     def __repr__(self) -> str:
         return f"World(rank={self.rank}, size={self.size}, device={self.device})"
@@ -109,4 +126,6 @@ def init(device: str = "cpu", *, failure_timeout: float = 120.0, env: DistEnv | 
     env = read_env() if env is None else env
     stack = contextlib.ExitStack()
     runtime = stack.enter_context(joined_job(env, device, failure_timeout))
-    return World(runtime, stack)
+    world = World(runtime, stack)
+    atexit.register(world._close_at_exit)
+    return world
