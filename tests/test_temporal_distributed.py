@@ -40,7 +40,7 @@ def stream(num_events: int = 1500, num_nodes: int = 120, seed: int = 0) -> Tempo
 def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, record: bool = False,
           neighbor_cutoff: str = "batch", parallelism: str = "sharded", lr: float = 1e-3, sampling: str = "recent",
           sync_every: int = 1, cache_rows: int | None = None, static: bool = False, wire_dtype: str = "float32",
-          grad_dtype: str = "float32"):
+          grad_dtype: str = "float32", batch_size: int = 60):
     """A small TGN, in float64: rank and single-process runs differ only by float rounding (partial
     sums over ranks, GEMMs of other shapes), which Adam amplifies in near-zero gradient entries;
     float64 keeps that far below the 1e-5 under test, so what the test sees is the semantics.
@@ -51,7 +51,7 @@ def build(events: TemporalEvents, staleness: int, runtime=None, owner=None, reco
                                   # (the "memory groups learn" check), not from Xavier's, twice the scale.
                                   tgn_config=TGNConfig(embedding_dim=16, heads=2, dropout=0.0, init="torch",
                                                        static_memory=static),
-                                  config=TemporalTrainConfig(epochs=2, batch_size=60, num_neighbors=5, seed=5,
+                                  config=TemporalTrainConfig(epochs=2, batch_size=batch_size, num_neighbors=5, seed=5,
                                                              lr=lr, staleness=staleness, patience=0,
                                                              neighbor_cutoff=neighbor_cutoff, sampling=sampling,
                                                              parallelism=parallelism, sync_every=sync_every,
@@ -259,6 +259,57 @@ def test_k0_on_two_ranks_is_the_single_process_run(two_ranks, single):
         assert abs(got["loss"] - single["loss"]) <= 1e-5
     assert two_ranks[0][single["key"]]["remote_reads"] > 0  # the ranks really read each other's nodes
     assert two_ranks[0]["event"]["loss"] != two_ranks[0][0]["loss"]  # the cutoff reached the ranks
+
+
+LAST_OF_ONE = 277
+"""The toy stream's 832 training events in batches of 277: the last batch is one event, so one of 2 ranks has
+no share of it (Wikipedia's 80,181 at batch 20 crashed sharded training at the end of epoch 1 this way)."""
+
+
+def last_batch_of_one_job(rank: int) -> dict:
+    from gnnscale.distributed.env import init_runtime, read_env
+
+    torch.set_num_threads(1)
+    events = stream()
+    runtime = init_runtime(read_env(), "cpu", timeout=60.0)
+    try:
+        train = chronological_split(events, seed=0).train
+        owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, runtime.world_size,
+                                       method="random", seed=0)
+        trainer = build(events, 0, runtime, owner, batch_size=LAST_OF_ONE)
+        metrics = trainer.fit()
+        runtime.barrier()
+    finally:
+        runtime.close()
+    return {"loss": metrics["loss"], "test_ap": metrics["test_ap"]}
+
+
+def test_sharded_memory_trains_when_a_rank_has_no_share_of_a_batch():
+    """K = 0 with a last training batch of one event: the rank without a share takes the step idle, and the
+    run is still the single-process run."""
+    events = stream()
+    assert int(np.count_nonzero(chronological_split(events, seed=0).train)) % LAST_OF_ONE == 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = build(events, 0, batch_size=LAST_OF_ONE).fit()
+    finally:
+        torch.set_num_threads(threads)
+    for got in run_ranks(last_batch_of_one_job, 2, timeout=240.0):
+        assert abs(got["loss"] - single["loss"]) <= 1e-5
+        assert abs(got["test_ap"] - single["test_ap"]) <= 0.002
+
+
+def test_attention_over_an_empty_share_is_empty():
+    """TGN's attention on zero queries (a rank's empty share of a batch), with and without masks drawn ahead."""
+    from gnnscale.temporal.tgn import DropoutMasks, TemporalAttention
+
+    layer = TemporalAttention(8, 0, 4, TGNConfig(embedding_dim=6, heads=2, dropout=0.1))
+    for masks in (None, DropoutMasks(attention=torch.ones(0, 2, 1, 3), merge=torch.ones(0, 6))):
+        out = layer(torch.zeros(0, 8), torch.zeros(0, 4), torch.randn(5, 8), torch.zeros(0, 3, dtype=torch.int64),
+                    torch.zeros(0, 3, 4), torch.zeros(0, 3, dtype=torch.bool), masks)
+        assert out.shape == (0, 6)
+        out.sum().backward()
 
 
 @pytest.mark.parametrize("k", [0, 2])

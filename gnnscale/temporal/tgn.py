@@ -107,7 +107,8 @@ class TemporalAttention(nn.Module):
         width = query.shape[1]
         # index_select, not [index]: its backward (index_add_) sums repeated rows in a fixed order.
         projected = self.key_value_memory(neighbor_memory)
-        key_value = projected.index_select(0, neighbor_index.reshape(-1)).view(batch, slots, -1) + \
+        # Sizes spelled out: a rank's share of a global batch can be empty (sharded memory, small batches).
+        key_value = projected.index_select(0, neighbor_index.reshape(-1)).view(batch, slots, 2 * width) + \
             self.key_value_pair(pair_features)
         key, value = key_value.split(width, dim=-1)
         query = query.view(batch, heads, 1, width // heads)
