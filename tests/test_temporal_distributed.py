@@ -261,9 +261,10 @@ def test_k0_on_two_ranks_is_the_single_process_run(two_ranks, single):
     assert two_ranks[0]["event"]["loss"] != two_ranks[0][0]["loss"]  # the cutoff reached the ranks
 
 
-LAST_OF_ONE = 277
-"""The toy stream's 832 training events in batches of 277: the last batch is one event, so one of 2 ranks has
-no share of it (Wikipedia's 80,181 at batch 20 crashed sharded training at the end of epoch 1 this way)."""
+LAST_OF_ONE = {"training": 277, "evaluation": 224}
+"""Batch sizes whose last batch is one event on the toy stream (832 training, 225 validation and test events),
+so that one of 2 ranks has no share of it: in training (Wikipedia's 80,181 training events at batch 20 crashed
+sharded training at the end of epoch 1 this way), and in evaluation."""
 
 
 def last_batch_of_one_job(rank: int) -> dict:
@@ -272,32 +273,38 @@ def last_batch_of_one_job(rank: int) -> dict:
     torch.set_num_threads(1)
     events = stream()
     runtime = init_runtime(read_env(), "cpu", timeout=60.0)
+    results = {}
     try:
         train = chronological_split(events, seed=0).train
         owner = partition_interactions(events.src[train], events.dst[train], events.num_nodes, runtime.world_size,
                                        method="random", seed=0)
-        trainer = build(events, 0, runtime, owner, batch_size=LAST_OF_ONE)
-        metrics = trainer.fit()
+        for where, size in LAST_OF_ONE.items():
+            metrics = build(events, 0, runtime, owner, batch_size=size).fit()
+            results[where] = {"loss": metrics["loss"], "test_ap": metrics["test_ap"]}
         runtime.barrier()
     finally:
         runtime.close()
-    return {"loss": metrics["loss"], "test_ap": metrics["test_ap"]}
+    return results
 
 
-def test_sharded_memory_trains_when_a_rank_has_no_share_of_a_batch():
-    """K = 0 with a last training batch of one event: the rank without a share takes the step idle, and the
-    run is still the single-process run."""
+def test_sharded_memory_runs_when_a_rank_has_no_share_of_a_batch():
+    """K = 0 with a last batch of one event, in training and in evaluation: the rank without a share takes the
+    step idle, and the run is still the single-process run."""
     events = stream()
-    assert int(np.count_nonzero(chronological_split(events, seed=0).train)) % LAST_OF_ONE == 1
+    counts = {name: int(np.count_nonzero(getattr(chronological_split(events, seed=0), name)))
+              for name in ("train", "val", "test")}
+    assert counts["train"] % LAST_OF_ONE["training"] == 1
+    assert counts["val"] % LAST_OF_ONE["evaluation"] == counts["test"] % LAST_OF_ONE["evaluation"] == 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = build(events, 0, batch_size=LAST_OF_ONE).fit()
+        single = {where: build(events, 0, batch_size=size).fit() for where, size in LAST_OF_ONE.items()}
     finally:
         torch.set_num_threads(threads)
     for got in run_ranks(last_batch_of_one_job, 2, timeout=240.0):
-        assert abs(got["loss"] - single["loss"]) <= 1e-5
-        assert abs(got["test_ap"] - single["test_ap"]) <= 0.002
+        for where in LAST_OF_ONE:
+            assert abs(got[where]["loss"] - single[where]["loss"]) <= 1e-5, where
+            assert abs(got[where]["test_ap"] - single[where]["test_ap"]) <= 0.002, where
 
 
 def test_attention_over_an_empty_share_is_empty():
