@@ -21,8 +21,9 @@ with ``OMP_NUM_THREADS=1``; while it runs, every process of it (torchrun's ranks
 * ``four-budget``: 4 ranks with the defaults and ``--memory-budget`` a quarter of ``one``'s peak above ``bare``.
 
 Reported: the 4 ranks' peak RSS above ``bare``, summed, over ``one``'s (target <= 1.3); ``one``'s peak above
-``bare`` over its folder's bytes (target <= 2); the first again with ``four-global``; both again above the ``empty`` runs instead of ``bare``; ``mapped``'s median epoch time over ``one``'s and whether their
-accuracies are identical.  Times on a shared host are noisy: the ratio is of medians over epochs after the first.
+``bare`` over its folder's bytes (target <= 2); the first again with ``four-global``; both again above the
+``empty`` runs instead of ``bare``; ``mapped``'s median epoch time over ``one``'s and whether their accuracies are
+identical.  Times on a shared host are noisy: the ratio is of medians over epochs after the first.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 1000
 MODEL = ["--model", "sage", "--num-layers", "2", "--hidden", "16", "--fanouts", "10,25", "--quiet"]
+PARTITIONED = ["--topology", "partitioned", "--cache-mb", "0"]
 TARGET_SUM, TARGET_FOLDER = 1.3, 2.0
 MIB = 2**20
 
@@ -199,11 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     bare = round(bare_peak() / MIB, 1)
     empty1, empty4 = (partition(args, k, args.work / f"empty{k}", 2000) for k in (1, 4))
     runs = {"empty": train(args, "empty", empty1, 1, []),
-            "empty4": train(args, "empty4", empty4, 4, ["--topology", "partitioned", "--cache-mb", "0"]),
+            "empty4": train(args, "empty4", empty4, 4, PARTITIONED),
             "one": train(args, "one", one_folder, 1, []),
-            "four": train(args, "four", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"]),
-            "four-global": train(args, "four-global", four_folder, 4, ["--topology", "partitioned", "--cache-mb", "0"],
-                                 batch=BATCH // 4)}
+            "four": train(args, "four", four_folder, 4, PARTITIONED),
+            "four-global": train(args, "four-global", four_folder, 4, PARTITIONED, batch=BATCH // 4)}
     runs["mapped"] = train(args, "mapped", one_folder, 1, ["--memory-budget", str(mapped_budget(one_folder))])
     quarter = round((runs["one"]["peak_rss_mib"][0] - bare) / 4, 1)
     runs["four-budget"] = train(args, "four-budget", four_folder, 4, ["--memory-budget", str(quarter)])
