@@ -19,19 +19,32 @@ def synthetic() -> Any:
     return generate_synthetic(SyntheticConfig(num_nodes=900, avg_degree=6, num_classes=3, feat_dim=8, seed=4))
 
 
-def infer_and_save(rank: int, source: str, out: str, model: str) -> bool:
+def infer_and_save(rank: int, source: str, out: str, model: str, halo_rows: list[int] | None = None) -> list[int]:
+    """Layer-wise inference saved to ``out``; ``halo_rows[rank]``: the halo rows a wave may hold at layer 0 (None:
+    the default).  Returns the number of waves each layer planned (none: one wave of every halo row)."""
     import torch
 
     import gnnscale as gs
+    import gnnscale.inference as inference
 
+    waves: list[int] = []
+    plan_waves = inference._plan_waves
+
+    def counted(*args: Any) -> Any:
+        plan = plan_waves(*args)
+        waves.append(len(plan))
+        return plan
+    inference._plan_waves = counted
     with gs.init() as world:
         graph = gs.open_graph(source, world) if Path(source).is_dir() else gs.Graph.from_dataset(synthetic(), world)
+        if halo_rows is not None:
+            inference.HALO_BYTES = halo_rows[rank] * graph.feature_dim * 4
         torch.manual_seed(0)  # the same weights everywhere
         module = gs.GNN(gs.ModelConfig(model=model, num_layers=2, hidden=8, heads=2), graph.feature_dim,
                         graph.num_classes)
         gs.layerwise_inference(graph, module, self_loops=model != "sage", gcn_norm=model == "gcn",
                                batch_size=100).save(out)
-    return True
+    return waves
 
 
 @pytest.mark.parametrize("model", ["sage", "gcn"])
@@ -46,6 +59,22 @@ def test_two_ranks_write_the_rows_one_process_writes(tmp_path: Path, model: str)
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-5)
     manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert manifest["num_parts"] == 2 and manifest["num_nodes"] == 900
+
+
+@pytest.mark.parametrize("halo_rows", [[8, 8], [8, 10**6]])
+def test_halo_rows_gathered_in_waves_give_the_same_rows(tmp_path: Path, halo_rows: list[int]) -> None:
+    """Evaluation's halo rows a wave of blocks at a time (a tiny :data:`gnnscale.inference.HALO_BYTES`): the same
+    rows as one process, also where one rank has a single wave and its peer several (it gathers nothing for them)."""
+    import gnnscale as gs
+
+    parts = partition_dataset(synthetic(), tmp_path / "parts", 2)
+    infer_and_save(0, "in-memory", str(tmp_path / "one"), "sage")
+    waves = run_ranks(infer_and_save, 2, str(parts), str(tmp_path / "two"), "sage", halo_rows, timeout=240.0)
+    assert waves[0] and waves[0][0] > 1  # rank 0 ran layer 0 in several waves
+    if halo_rows[1] > 8:
+        assert waves[1] == []  # its peer in one
+    np.testing.assert_allclose(gs.read_outputs(tmp_path / "two"), gs.read_outputs(tmp_path / "one"), rtol=1e-5,
+                               atol=1e-5)
 
 
 def train_with_predictions(rank: int, parts: str, out: str) -> int:
