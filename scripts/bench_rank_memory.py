@@ -51,10 +51,11 @@ MIB = 2**20
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--num-nodes", type=int, default=300_000)
-    parser.add_argument("--avg-degree", type=float, default=10.0)
-    parser.add_argument("--feat-dim", type=int, default=100)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=300_000, help="nodes of the synthetic graph")
+    parser.add_argument("--avg-degree", type=float, default=10.0, help="its mean in-degree (the issue's size: 1M "
+                        "nodes at 15)")
+    parser.add_argument("--feat-dim", type=int, default=100, help="features per node")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs of every run (evaluation after the last)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the partitions and runs (default: a "
                         "temporary one); partition folders already there are reused")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -111,8 +112,14 @@ def bare_peak() -> int:
                               check=True).stdout.strip())
 
 
+def progress(message: str) -> None:
+    """A line on stderr: a run at the issue's size takes tens of minutes."""
+    print(f"[bench_rank_memory {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def partition(args: argparse.Namespace, parts: int, folder: Path, num_nodes: int | None = None) -> Path:
     if not (folder / "manifest.json").exists():
+        progress(f"partitioning {num_nodes or args.num_nodes} nodes into {parts} part(s): {folder}")
         subprocess.run([sys.executable, "-m", "partition", "--num-nodes", str(num_nodes or args.num_nodes), "--avg-degree",
                         str(args.avg_degree), "--feat-dim", str(args.feat_dim), "--num-parts", str(parts), "--out",
                         str(folder), "--quiet", "--force"], env=_env(), check=True, cwd=ROOT, capture_output=True)
@@ -133,6 +140,7 @@ def train(args: argparse.Namespace, name: str, folder: Path, ranks: int, extra: 
                "--batch-size", str(batch), "--epochs", str(args.epochs), "--eval-every", str(args.epochs), "--out",
                str(out), *extra]
     started = time.perf_counter()
+    progress(f"run {name}: {ranks} rank(s), batch {batch}{' ' if extra else ''}{' '.join(extra)}")
     peaks, anon, _ = poll_peaks(command, args.timeout)
     metrics = json.loads((out / "metrics.json").read_text())
     account = metrics["memory"]["end"]
@@ -141,12 +149,14 @@ def train(args: argparse.Namespace, name: str, folder: Path, ranks: int, extra: 
     ranks_pids = sorted(peaks, key=peaks.get, reverse=True)[:ranks] if ranks == 1 else \
         sorted((pid for pid in peaks if pid != proc_pid(peaks)), key=peaks.get, reverse=True)[:ranks]
     epochs = [h["epoch_seconds"] for h in metrics["history"]]
-    return {"name": name, "ranks": ranks, "command": " ".join(["python", *command[1:]]),
+    run = {"name": name, "ranks": ranks, "command": " ".join(["python", *command[1:]]),
             "peak_rss_mib": hwm, "polled_peak_rss_mib": [round(peaks[p] / MIB, 1) for p in ranks_pids],
             "polled_peak_anon_mib": [round(anon[p] / MIB, 1) for p in ranks_pids],
             "epoch_seconds": epochs, "median_epoch_s": statistics.median(epochs[1:] or epochs),
             "val": metrics["val"], "test": metrics["test"], "wall_s": round(time.perf_counter() - started, 1),
             "account": account}
+    progress(f"run {name}: done in {run['wall_s']} s, peak RSS per rank {hwm} MiB, test {metrics['test']}")
+    return run
 
 
 def proc_pid(peaks: dict[int, int]) -> int:
