@@ -248,6 +248,7 @@ def _run_layers(graph: Graph, module: nn.Module, blocks: Iterable[tuple[Block, T
                 if out is None:
                     out = torch.empty((graph.num_owned, *h.shape[1:]), dtype=h.dtype)
                 out[block.dst_ids - graph.start] = h
+            del wave, halo  # before the next wave's rows arrive
         assert out is not None, "a rank without owned nodes needs the model's output_width"
         table = DistTable(out, graph.offsets, graph.world.exchanger, wire_dtype=graph.wire_dtype)
     return table.rows
@@ -266,18 +267,19 @@ def _waves(table: DistTable, halo_ids: Tensor, blocks: Iterable[tuple[Block, Ten
     plan = _plan_waves(blocks, table.rows.shape[0], halo_ids.numel(), cap) if halo_ids.numel() > cap else None
     count = torch.tensor([1 if plan is None else len(plan)])
     count = int(table.exchanger.all_reduce(count, op=dist.ReduceOp.MAX)[0])
-    if plan is None:
-        yield blocks, table.gather(halo_ids)
-        for _ in range(count - 1):  # the peers' further waves
-            table.gather(halo_ids[:0])
-        return
-    owned, remaining = table.rows.shape[0], iter(blocks)
-    where = torch.empty(halo_ids.numel(), dtype=torch.int64)
-    for index in range(count):
-        size, needed = plan[index] if index < len(plan) else (0, halo_ids[:0])
-        halo = table.gather(halo_ids.index_select(0, needed))
-        where[needed] = owned + torch.arange(needed.numel())
-        yield ((block, _renumber(rows, owned, where)) for block, rows in itertools.islice(remaining, size)), halo
+    with table.reusing_buffers():
+        if plan is None:
+            yield blocks, table.gather(halo_ids)
+            for _ in range(count - 1):  # the peers' further waves
+                table.gather(halo_ids[:0])
+            return
+        owned, remaining = table.rows.shape[0], iter(blocks)
+        where = torch.empty(halo_ids.numel(), dtype=torch.int64)
+        for index in range(count):
+            size, needed = plan[index] if index < len(plan) else (0, halo_ids[:0])
+            where[needed] = owned + torch.arange(needed.numel())
+            wave = ((block, _renumber(rows, owned, where)) for block, rows in itertools.islice(remaining, size))
+            yield wave, table.gather(halo_ids.index_select(0, needed))  # this frame holds no wave's rows
 
 
 def _plan_waves(blocks: Iterable[tuple[Block, Tensor]], owned: int, num_halo: int, cap: int

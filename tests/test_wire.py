@@ -229,6 +229,7 @@ def every_row() -> torch.Tensor:
 
 def table_checks(rank: int) -> dict[str, Any]:
     """Per wire dtype: what ``gather``, ``gather_grouped`` and a cache fill return, with the bytes sent."""
+    from gnnscale.distributed import comm
     from gnnscale.distributed.comm import Exchanger
     from gnnscale.distributed.env import init_runtime, read_env
     from gnnscale.distributed.feature_store import DistTable
@@ -330,6 +331,7 @@ def test_bytes_sent_shrink_by_the_row_size_ratio(two_ranks: list[dict[str, Any]]
 def round_checks(rank: int) -> dict[str, Any]:
     """``gather`` in rounds of a few rows (``ROUND_BYTES`` made tiny), ranks asking for different numbers of rows,
     every wire dtype, the 2-D table and a 1-D one; with the all-to-alls it took."""
+    from gnnscale.distributed import comm
     from gnnscale.distributed.comm import Exchanger
     from gnnscale.distributed.env import init_runtime, read_env
     from gnnscale.distributed.feature_store import DistTable
@@ -348,6 +350,10 @@ def round_checks(rank: int) -> dict[str, Any]:
             rows = table.gather(ids)
             column = DistTable(full[start:end, 0].clone(), torch.tensor(OFFSETS), exchanger, wire_dtype=dtype)
             out[dtype] = {"rows": rows, "exchanges": exchanger.stats.exchanges, "column": column.gather(ids)}
+            comm.release_kept()  # (no group is destroyed meanwhile) what the next gathers pin, alone
+            with table.reusing_buffers():  # evaluation's waves: several gathers through one set of buffers
+                out[dtype]["reused"] = [table.gather(ids), table.gather(ids[::3])]
+                out[dtype]["pinned"] = len({t.untyped_storage().data_ptr() for t in comm._KEPT if t.dim() == 2})
         return out
     finally:
         runtime.close()
@@ -367,6 +373,8 @@ def test_a_large_gather_runs_in_rounds_and_returns_every_row() -> None:
             remote = int(((result["ids"] < OFFSETS[rank]) | (result["ids"] >= OFFSETS[rank + 1])).sum())
             per_round = 2 * 4 * NUM_FEATURES * 3 // (2 * wire.row_bytes(dtype, NUM_FEATURES))
             assert got["exchanges"] >= 1 + -(-remote // per_round) > 2, (rank, dtype, got["exchanges"])
+            assert got["pinned"] == 2, (rank, dtype, got["pinned"])  # one send and one receive buffer, not two each
+            assert torch.equal(got["reused"][0], got["rows"]) and torch.equal(got["reused"][1], got["rows"][::3])
             for rows, expected in ((got["rows"], wanted), (got["column"].unsqueeze(1), wanted[:, :1])):
                 if dtype == "float32":
                     assert torch.equal(rows, expected), rank

@@ -23,11 +23,12 @@ keep the default, float32.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +104,7 @@ class DistTable:
         self.cache_complete = False
         """Set (by every rank alike) when each rank's cache holds every remote row its batches can need:
         :meth:`gather_grouped` then makes no exchange at all."""
+        self._scratch: dict[str, Tensor] | None = None
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -142,6 +144,28 @@ class DistTable:
     one exchange it held every reply, their concatenation, the received rows and their copy at once (about
     880 MiB a rank above the result, 210k halo rows x 256 features on 4 ranks)."""
 
+    @contextlib.contextmanager
+    def reusing_buffers(self) -> Iterator[None]:
+        """The :meth:`gather` calls inside share their round buffers (evaluation's halo rows, gathered a wave at a
+        time): the collectives' tensors that :func:`~gnnscale.distributed.comm.keep` holds then pin one set of
+        buffers, where each gather's own set stayed held until 16 later tensors pushed it out (2-3 earlier waves'
+        32 MiB each)."""
+        self._scratch = {}
+        try:
+            yield
+        finally:
+            self._scratch = None
+
+    def _buffer(self, name: str, make: Callable[[int], Tensor], rows: int) -> Tensor:
+        """``rows`` rows of a buffer ``make(n)`` makes: inside :meth:`reusing_buffers`, one kept per ``name`` and
+        grown as needed."""
+        if self._scratch is None:
+            return make(rows)
+        held = self._scratch.get(name)
+        if held is None or held.shape[0] < rows:
+            held = self._scratch[name] = make(rows)
+        return held[:rows]
+
     def _answer_in_rounds(self, requests: list[Tensor], places: list[Tensor], out: Tensor) -> None:
         """Send every rank the rows it requested (``requests[r]``: owned global ids), and write the rows this
         rank requested from rank ``r`` into ``out[places[r]]``, in rounds of :attr:`ROUND_BYTES`.  A collective:
@@ -157,9 +181,10 @@ class DistTable:
         largest = max([r.numel() for r in requests] + [p.numel() for p in places])
         rounds = int(self.exchanger.all_reduce(torch.tensor([-(-largest // per_peer)]), op=dist.ReduceOp.MAX)[0])
         most = per_peer * self.world_size
-        send_rows = self.rows.new_empty((min(most, sum(r.numel() for r in requests)), width))
-        send = payload(send_rows.shape[0]) if encoded else send_rows
-        arrived = payload(min(most, out.shape[0]))
+        send_rows = self._buffer("send_rows", lambda rows: self.rows.new_empty((rows, width)),
+                                 min(most, sum(r.numel() for r in requests)))
+        send = self._buffer("send", payload, send_rows.shape[0]) if encoded else send_rows
+        arrived = self._buffer("arrived", payload, min(most, out.shape[0]))
         for start in range(0, rounds * per_peer, per_peer):
             asked = [r[start:start + per_peer] for r in requests]
             into = [p[start:start + per_peer] for p in places]
