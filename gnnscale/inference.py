@@ -141,16 +141,17 @@ def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool,
 class _Kept:
     """Blocks kept between layers and evaluations with their ids as int32, 12 bytes an in-edge against 24 (its
     source's position, global id and row): each block is widened back to int64 as it is used.  On one process of a
-    1M-node, 15M-edge graph the int64 blocks were 339 MiB, more than its partition's structure."""
+    1M-node, 15M-edge graph the int64 blocks were 339 MiB, more than its partition's structure.  :attr:`blocks`
+    holds them narrowed (what the memory account counts)."""
 
     def __init__(self, blocks: Iterable[tuple[Block, Tensor]], *, wide_ids: bool) -> None:
         narrow = torch.int64 if wide_ids else torch.int32  # global ids past int32 stay as they are
-        self._blocks = [(dataclasses.replace(block, indices=block.indices.to(torch.int32),
+        self.blocks = [(dataclasses.replace(block, indices=block.indices.to(torch.int32),
                                              src_ids=block.src_ids.to(narrow)), rows.to(torch.int32))
                         for block, rows in blocks]
 
     def __iter__(self) -> Iterator[tuple[Block, Tensor]]:
-        for block, rows in self._blocks:
+        for block, rows in self.blocks:
             yield dataclasses.replace(block, indices=block.indices.long(), src_ids=block.src_ids.long()), rows.long()
 
 

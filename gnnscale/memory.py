@@ -303,8 +303,8 @@ def account(graph: Any, *, loaders: Iterable[Any] = (), model: torch.nn.Module |
     result.add("sampler", [memo.get("replicated"), memo.get("halo_structure"), memo.get("degrees"),
                            *(getattr(loader, "sampler", None) for loader in loaders)], ledger)
     result.add("pipeline", [getattr(getattr(loader, "_loader", None), "_slots", None) for loader in loaders], ledger)
-    result.add("evaluation", [v for k, v in memo.items() if isinstance(k, tuple) and k[0] == "inference-blocks"],
-               ledger)
+    result.add("evaluation", [getattr(v, "blocks", v) for k, v in memo.items()  # kept blocks (gnnscale.inference)
+                              if isinstance(k, tuple) and k[0] == "inference-blocks"], ledger)
     result.add("communication", [list(comm._KEPT)], ledger)
     if model is not None:
         params = list(model.parameters())

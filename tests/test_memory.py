@@ -153,6 +153,7 @@ def test_inference_under_a_tight_budget_rebuilds_its_blocks_and_gives_the_same_o
     blocks = [v for k, v in roomy._memo.items() if isinstance(k, tuple) and k[0] == "inference-blocks"]
     held = sum(a.numel() * a.element_size() for a in memory._arrays(blocks, depth=6))
     assert 0 < held <= 1.25 * budget_module.inference_blocks_mb(roomy) * 2**20  # kept as int32: about 12 B an edge
+    assert memory.account(roomy).resident["evaluation"] == held  # every kept array, once
     budget = plan_graph(roomy.part, 1000.0).minimum_mb + 0.1  # nothing left for the blocks (about 0.2 MiB)
     tight = gs.open_graph(one_part, world, memory_budget=budget)
     assert budget_module.inference_blocks_mb(tight) > tight.budget.left_mb
