@@ -145,9 +145,9 @@ class _Kept:
     holds them narrowed (what the memory account counts)."""
 
     def __init__(self, blocks: Iterable[tuple[Block, Tensor]], *, wide_ids: bool) -> None:
-        narrow = torch.int64 if wide_ids else torch.int32  # global ids past int32 stay as they are
+        narrow = torch.int64 if wide_ids else torch.int32  # ids and rows past int32 stay as they are
         self.blocks = [(dataclasses.replace(block, indices=block.indices.to(torch.int32),
-                                             src_ids=block.src_ids.to(narrow)), rows.to(torch.int32))
+                                             src_ids=block.src_ids.to(narrow)), rows.to(narrow))
                         for block, rows in blocks]
 
     def __iter__(self) -> Iterator[tuple[Block, Tensor]]:
