@@ -31,7 +31,7 @@ _EXPORTS = {
     "GATConv": "gnnscale.nn",
     "spmm_mean": "gnnscale.nn.ops", "spmm_sum": "gnnscale.nn.ops",
     "csc_from_edges": "gnnscale.data.dataset", "load_dataset": "gnnscale.data.loaders",
-    "Trainer": "gnnscale.train.trainer", "TrainConfig": "gnnscale.train.trainer",
+    "Trainer": "gnnscale.train.trainer", "TrainConfig": "gnnscale.train.trainer", "Adam": "gnnscale.optim",
     "LinkLoader": "gnnscale.link_loader", "LinkBatch": "gnnscale.link_loader", "split_edges": "gnnscale.link_loader",
     "rank_share": "gnnscale.link_loader", "LinkTask": "gnnscale.link_task", "LinkMiniBatch": "gnnscale.batch",
     "DotDecoder": "gnnscale.nn", "MLPDecoder": "gnnscale.nn", "link_loss": "gnnscale.nn",

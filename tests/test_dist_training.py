@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,7 @@ def train_runs(rank: int, part_dir: str, runs: list[list[str]], inspect: bool = 
             record = {"val": result.val, "test": result.test, "seconds": time.perf_counter() - start}
             if inspect:
                 record["resident"] = resident_report(trainer, part)
+                record["compiler_loaded"] = "torch._dynamo" in sys.modules
             results.append(record)
     finally:
         runtime.close()
@@ -307,6 +309,12 @@ def test_synthetic_partitions_train_well_above_chance(synthetic_job: list[list[d
     sage, gcn, replicated = synthetic_job[0]
     # 4 balanced classes: chance is 0.25; features alone give about 0.45 (see gnnscale.data.synthetic).
     assert sage["test"] > 0.7 and gcn["test"] > 0.7 and replicated["test"] > 0.7, (sage, gcn, replicated)
+
+
+def test_ranks_train_without_loading_torchs_compiler(synthetic_job: list[list[dict[str, Any]]]) -> None:
+    """Gradient sums without DDP and gnnscale's Adam: no rank imports ``torch._dynamo`` (about 150 MiB a
+    process, docs/memory.md), through three trainings, their checkpoints and evaluations."""
+    assert not any(run["compiler_loaded"] for runs in synthetic_job for run in runs), synthetic_job
 
 
 def test_each_rank_holds_only_its_partition(synthetic_job: list[list[dict[str, Any]]]) -> None:

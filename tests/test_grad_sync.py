@@ -40,7 +40,7 @@ def train_modes(rank: int, part_dir: str) -> list[dict[str, Any]]:
             adam_steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
             out.append({"weights": {k: v.clone() for k, v in trainer.module.state_dict().items()},
                         "applied": applied, "adam_steps": adam_steps, "steps": trainer.steps,
-                        "ddp": trainer.model is not trainer.module, "val": result.val,
+                        "late": trainer.late, "val": result.val,
                         "grad_wait": [h["grad_wait_s"] for h in result.history]})
     finally:
         runtime.close()
@@ -58,20 +58,21 @@ def mode_runs(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, A
 
 def test_late_applies_every_sum_once_and_keeps_replicas_equal(mode_runs: list[list[dict[str, Any]]]) -> None:
     step, late = mode_runs[0]
-    assert step["ddp"] and not late["ddp"]
+    assert not step["late"] and late["late"]
     # Every step's sum is applied once: the last one before the epoch ends, none carried into the next.
     assert len(late["applied"]) == len(step["applied"]) == 2 * step["steps"]
     assert late["adam_steps"] == step["adam_steps"] == {2 * step["steps"]}
-    for name, weight in late["weights"].items():  # every rank applied the same sums
-        torch.testing.assert_close(mode_runs[1][1]["weights"][name], weight, rtol=0, atol=0)
+    for mode in (0, 1):  # every rank applied the same sums, in either mode
+        for name, weight in mode_runs[0][mode]["weights"].items():
+            torch.testing.assert_close(mode_runs[1][mode]["weights"][name], weight, rtol=0, atol=0)
     assert len(late["grad_wait"]) == 2 and all(w >= 0 for w in late["grad_wait"])
 
 
 def test_late_first_update_is_the_single_machine_one_then_a_step_stale(
         mode_runs: list[list[dict[str, Any]]]) -> None:
     step, late = mode_runs[0]
-    # Update 0: both apply the gradient of step 0's global mean loss at the initial weights (DDP's average
-    # of ranks' scaled gradients against the late mode's plain sum).
+    # Update 0: both apply the gradient of step 0's global mean loss at the initial weights (the step mode's sum
+    # started during the backward against the late mode's after it).
     for name, grad in step["applied"][0].items():
         torch.testing.assert_close(late["applied"][0][name], grad, rtol=1e-4, atol=1e-6)
     # Update 1: the late mode's gradient of step 1 was taken before update 0: not the step mode's.
@@ -99,3 +100,44 @@ def test_default_loader_thread_follows_the_gradient_sync() -> None:
     assert default_num_workers(1, 1, "step") == 0 and default_num_workers(1, 1, "late") == 0
     assert default_num_workers(1, 2, "step") == 1 and default_num_workers(1, 2, "late") == 0
     assert default_num_workers(2, 2, "late") == 1 and default_num_workers(4, 1, "step") == 1
+
+
+def train_own_model(rank: int, part_dir: str) -> dict[str, Any]:
+    """A model given to the trainer, built differently on each rank, with a buffer each rank moves its own way."""
+    import gnnscale as gs
+    from gnnscale.train.trainer import TrainConfig
+    from samplers import SamplerConfig
+
+    with gs.init() as world:
+        graph = gs.open_graph(part_dir, world)
+        torch.manual_seed(rank)  # unlike the built-in model's, these initial weights differ between ranks
+        model = gs.GNN(gs.ModelConfig(num_layers=2, hidden=8), graph.feature_dim, graph.num_classes)
+        model.register_buffer("moved", torch.zeros(3))
+
+        def move(module: Any, inputs: Any) -> None:
+            module.moved.add_(rank + 1.0)
+        model.register_forward_pre_hook(move)
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        trainer = gs.Trainer(graph, model=model, sampler_config=SamplerConfig(fanouts=[5, 5]),
+                             config=TrainConfig(epochs=1, batch_size=64, lr=0.01, num_workers=0))
+        started = {k: v.clone() for k, v in model.state_dict().items()}
+        trainer.fit()
+        return {"initial": initial, "started": started, "final": {k: v.clone() for k, v in model.state_dict().items()},
+                "steps": trainer.steps}
+
+
+def test_a_given_model_starts_from_rank_0s_weights_and_keeps_its_buffers(tmp_path) -> None:
+    """What DDP did for a model given to the trainer: rank 0's parameters and buffers everywhere at the start,
+    and rank 0's buffers after every update, so the replicas stay equal."""
+    from gnnscale.data.synthetic import SyntheticConfig, generate_synthetic
+
+    dataset = generate_synthetic(SyntheticConfig(num_nodes=1200, avg_degree=6, num_classes=3, feat_dim=8, seed=4))
+    part_dir = partition_dataset(dataset, tmp_path / "syn", 2)
+    zero, one = run_ranks(train_own_model, 2, str(part_dir), timeout=300.0)
+    name = next(k for k in zero["initial"] if k != "moved")
+    assert not torch.equal(zero["initial"][name], one["initial"][name])
+    for key in zero["started"]:
+        assert torch.equal(one["started"][key], zero["initial"][key]), key
+        assert torch.equal(one["final"][key], zero["final"][key]), key
+    # rank 0's buffer moved by 1 a forward; rank 1's would have moved by 2 and be ahead without the sync
+    assert zero["final"]["moved"][0] >= zero["steps"] > 0

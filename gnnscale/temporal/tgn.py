@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gnnscale.optim import Adam
 from gnnscale.temporal.memory import MemoryConfig, MemoryView, TemporalMemory
 
 
@@ -211,10 +212,11 @@ class TGN(nn.Module):
             own, neighbors = own + self.static(nodes).to(dtype), neighbors + self.static(distinct).to(dtype)
         return self.embedding(own, query_code, neighbors, index, torch.cat(pair, dim=-1), neighborhood.mask, dropout)
 
-    def optimizers(self, lr: float) -> list[torch.optim.Optimizer]:
-        """Adam over the dense parameters, and SparseAdam over the static memory if there is one."""
+    def optimizers(self, lr: float) -> list[Adam | torch.optim.Optimizer]:
+        """Adam over the dense parameters (:class:`gnnscale.optim.Adam`: torch's, without loading its
+        compiler), and torch's SparseAdam over the static memory if there is one."""
         dense = [p for name, p in self.named_parameters() if not name.startswith("static.")]
-        return [torch.optim.Adam(dense, lr=lr)] + ([] if self.static is None else
+        return [Adam(dense, lr=lr)] + ([] if self.static is None else
                                                    [torch.optim.SparseAdam([self.static.weight], lr=lr)])
 
     def link_loss(self, z_src: Tensor, z_dst: Tensor, z_neg: Tensor,

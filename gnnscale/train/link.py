@@ -26,6 +26,7 @@ from gnnscale.link_loader import split_edges
 from gnnscale.link_task import LinkTask
 from gnnscale.nn import GNN, ModelConfig
 from gnnscale.nn.link import make_decoder
+from gnnscale.optim import Adam
 from gnnscale.sampling import CacheConfig
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, checkpoint_due, restore_checkpoint
 from gnnscale.train.fit import FitState, fit, seeded
@@ -89,7 +90,7 @@ class LinkTrainer:
             decoder = make_decoder(link.decoder, model_config.hidden)
         self.encoder, self.decoder = self.world.wrap(encoder), self._wrap(decoder)
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
-        self.optimizer = torch.optim.Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
         self.fingerprint = self._fingerprint(model_config, sampler_config, link)
         self.memory = {"start": self._memory_report("start")}
 

@@ -6,7 +6,7 @@ other rank: each rank's share of a step is its partition's share of the training
 weights, or ``auto``: calibrated before the first epoch on :data:`MEASURED_STEPS` of each rank's own
 steps run alone (no collective, so no peer's pace is in it), then re-balanced after every epoch from
 that epoch's real steps: each rank's seeds over its busy seconds, i.e. its training time less the
-gradient sum's exposed wait (:mod:`gnnscale.train.gradclock`), in which a faster rank waits for a
+gradient sum's exposed wait (from the backward's end to the sums' arrival), in which a faster rank waits for a
 slower one.  Real steps include what the calibration cannot see (serving the peers' feature
 requests, a step's fixed costs), and re-dealing by the last epoch's speeds drives the ranks' busy
 times together even where a step's cost is not proportional to its seeds.  A step's

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from gnnscale import memory
 from gnnscale.distributed.comm import Exchanger
@@ -46,13 +45,13 @@ from gnnscale.distributed.gradsum import GradientSum
 from gnnscale.graph import Graph
 from gnnscale.inference import NodeOutputs, layerwise_inference
 from gnnscale.nn import GNN, ModelConfig
+from gnnscale.optim import Adam
 from gnnscale.node_loader import NodeLoader
 from gnnscale.options import GRAD_SYNCS
 from gnnscale.progress import Progress
 from gnnscale.sampling import CacheConfig
 from gnnscale.train.checkpoint import CHECKPOINT_NAME, CheckpointWriter, checkpoint_due, restore_checkpoint
 from gnnscale.train.fit import FitState, epoch_seed, fit, seeded
-from gnnscale.train.gradclock import GradSumClock
 from gnnscale.world import World
 from partition.load import Partition
 from samplers.distributed import DistNeighborSampler
@@ -99,7 +98,7 @@ class TrainConfig:
     None: each rank trains its own training nodes."""
     grad_sync: str = "step"
     """How the ranks' gradients meet (more than one rank): ``step``, each update waits for its own step's
-    sum (DDP, started during the backward): the single-machine step; ``late``, a step's sum runs while
+    sum (:class:`GradientSum`'s buckets, started during the backward): the single-machine step; ``late``, a step's sum runs while
     the next step computes and each update applies the previous step's sum (one step stale, the last
     one applied before the epoch ends): the network and the ranks' step-to-step jitter are hidden."""
 
@@ -168,8 +167,8 @@ class Trainer:
         model_config: the built-in :class:`GNN` to train (ignored when ``model`` is given).
         model: any module with ``forward(blocks, x)`` and the layer-wise protocol of :mod:`gnnscale.inference`.
         loss: ``loss(outputs, labels)`` summed over the batch (default: cross entropy).
-        optimizer: ``optimizer(parameters) -> torch.optim.Optimizer`` (default: Adam with ``config``'s lr and
-            weight decay).
+        optimizer: ``optimizer(parameters) -> torch.optim.Optimizer`` (default: :class:`gnnscale.optim.Adam`,
+            torch's Adam without its compiler's memory, with ``config``'s lr and weight decay).
         cache_config: feature cache and topology (more than one rank).
         out: run folder for the checkpoint (rank 0 writes it), or None for none.
         show_progress: draw progress within each epoch (rank 0 only).
@@ -202,7 +201,7 @@ class Trainer:
         self.steps, self.step_seeds, self.shares = self.loader.steps, self.loader.step_sizes, self.loader.shares
         self.loss = loss or default_loss(graph.metric)
         self._wrap_for_gradient_sums()
-        self.optimizer = optimizer(self.model.parameters()) if optimizer is not None else torch.optim.Adam(
+        self.optimizer = optimizer(self.model.parameters()) if optimizer is not None else Adam(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         if self.shares is not None:
             self.shares.calibrate(self._alone_step)
@@ -246,17 +245,19 @@ class Trainer:
                                  f"the dataset a non-empty {name} mask")
 
     def _wrap_for_gradient_sums(self) -> None:
+        """Gradient sums over the ranks by :class:`GradientSum` (not DDP, whose construction loads torch's
+        compiler, about 150 MiB a process): its buckets start during the backward (``--grad-sync step``) or
+        after it (``late``).  Rank 0's parameters and buffers are every rank's at the start, as DDP's are,
+        and its buffers after every update (a model given with running statistics)."""
         runtime = self.runtime
-        late = self.config.grad_sync == "late" and runtime.group is not None
-        self.model = DistributedDataParallel(self.module, process_group=runtime.group) \
-            if runtime.group is not None and not late else self.module
-        self.grad_clock = GradSumClock(self.model, runtime.group) if self.model is not self.module else None
-        # --grad-sync late: gradients summed on the training thread's group (the loader's collectives use
-        # the sample group), every update a step late.
-        self.gradients = GradientSum(list(self.module.parameters()), Exchanger(
-            runtime.group, self.rank, self.world_size)) if late else None
-        # DDP averages over ranks, the late sum adds: either way the step's global mean's gradient.
-        self.loss_scale = float(self.world_size) if self.grad_clock is not None else 1.0
+        self.model = self.module
+        self.late = self.config.grad_sync == "late"
+        comm = Exchanger(runtime.group, self.rank, self.world_size)
+        self.gradients = GradientSum(list(self.module.parameters()), comm) if runtime.group is not None else None
+        self.buffers = [b for b in self.module.buffers() if b.is_floating_point()]
+        if self.gradients is not None:
+            _broadcast(comm, [*self.module.parameters(), *self.module.buffers()])
+        self.loss_scale = 1.0  # the sums add: the step's global mean's gradient
         self.grad_wait = 0.0  # this epoch's exposed wait for gradient sums
 
     def _fingerprint(self, model_config: ModelConfig | None) -> dict[str, Any]:
@@ -269,7 +270,7 @@ class Trainer:
                        "wire_dtype": self.wire_dtype}
         if config.rank_capacity is not None:  # absent otherwise: earlier checkpoints keep resuming
             fingerprint["rank_capacity"] = config.rank_capacity
-        if self.gradients is not None:
+        if self.late and self.gradients is not None:  # absent for step: earlier checkpoints keep resuming
             fingerprint["grad_sync"] = config.grad_sync
         return fingerprint
 
@@ -324,9 +325,10 @@ class Trainer:
             for step, item in enumerate(self.loader):
                 loss = self.loss(self.model(item.blocks, item.x), item.y)
                 self.optimizer.zero_grad(set_to_none=True)
-                backward_start = time.perf_counter()
+                if self.gradients is not None and not self.late:
+                    self.gradients.arm()  # buckets start as the backward fills them
                 (loss * (self.loss_scale / self.step_seeds[step])).backward()
-                pending = self._update(backward_start, pending)
+                pending = self._update(pending)
                 # .item() waits for the device: it keeps the wait/compute split honest on CUDA.
                 loss_sum += loss.item()
                 progress.update()
@@ -340,15 +342,17 @@ class Trainer:
         total = self.exchanger.all_reduce(torch.tensor([loss_sum], dtype=torch.float64))
         return float(total[0]) / float(self.step_seeds.sum()), times
 
-    def _update(self, backward_start: float, pending: Callable[[], None] | None) -> Callable[[], None] | None:
-        """After a step's backward: the update (``--grad-sync step``, or a world of one), or start this
-        step's sum and apply the previous one's (``late``); returns the sum still running."""
+    def _update(self, pending: Callable[[], None] | None) -> Callable[[], None] | None:
+        """After a step's backward: the update (a world of one; ``--grad-sync step``, once this step's sums
+        are in), or start this step's sum and apply the previous one's (``late``); returns the sum still
+        running."""
         if self.gradients is None:
-            if self.grad_clock is not None:
-                self.grad_wait += self.grad_clock.exposed(backward_start)
             self.optimizer.step()
             return None
         started = self.gradients.start_rest()  # copies this step's gradients: the update may replace them
+        if not self.late:
+            self._late_update(started)
+            return None
         if pending is not None:
             self._late_update(pending)
         return started
@@ -356,8 +360,10 @@ class Trainer:
     def _late_update(self, finish: Callable[[], None]) -> None:
         waited = time.perf_counter()
         finish()  # the summed gradients become the parameters' own
-        self.grad_wait += time.perf_counter() - waited
+        self.grad_wait += time.perf_counter() - waited  # the sum's exposed part: what no computation hid
         self.optimizer.step()
+        if self.buffers:
+            _broadcast(self.gradients.comm, self.buffers)
 
     # ------------------------------------------------------------------ evaluation
     def inference(self) -> Tensor:
@@ -462,3 +468,14 @@ class Trainer:
                            best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
                            train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history,
                            memory=self.memory)
+
+
+def _broadcast(comm: Exchanger, tensors: list[Tensor]) -> None:
+    """Rank 0's values of ``tensors`` on every rank: one broadcast per dtype, on the model's device (the
+    gradient group's: gloo on CPU, NCCL on CUDA)."""
+    for dtype in {t.dtype for t in tensors}:
+        same = [t for t in tensors if t.dtype == dtype]
+        flat = comm.broadcast(torch.cat([t.detach().reshape(-1) for t in same]), 0)
+        with torch.no_grad():
+            for t, values in zip(same, flat.split([t.numel() for t in same]), strict=True):
+                t.copy_(values.view_as(t))
