@@ -127,8 +127,8 @@ def read_outputs(folder: str | Path) -> np.ndarray:
 def _blocks(graph: Graph, batch_size: int, self_loops: bool, gcn_norm: bool,
             edge_features: bool) -> Iterable[tuple[Block, Tensor]]:
     """Full-neighbour blocks over the owned nodes, each with its source rows in ``cat(owned, halo)``: memoised on
-    the graph, or, where its memory budget cannot hold them all (:func:`gnnscale.budget.keeps_inference_blocks`),
-    built again a batch at a time whenever they are iterated."""
+    the graph where its memory budget has room for them all (:func:`gnnscale.budget.keeps_inference_blocks`),
+    else built again a batch at a time whenever they are iterated."""
     build = functools.partial(_build_blocks, graph, batch_size, self_loops, gcn_norm, edge_features)
     if not keeps_inference_blocks(graph):
         return _Rebuilt(build)

@@ -50,7 +50,7 @@ def _trainer(world: gs.World, folder: Path, budget: float | None, epochs: int = 
 
 
 def test_account_counts_each_structure_once(world: gs.World, one_part: Path) -> None:
-    trainer = _trainer(world, one_part, None, epochs=1)
+    trainer = _trainer(world, one_part, 100_000.0, epochs=1)  # a roomy budget: evaluation keeps its blocks
     trainer.fit()
     graph = trainer.graph
     mine = memory.account(graph, loaders=[trainer.loader], model=trainer.module, optimizer=trainer.optimizer)
@@ -145,11 +145,17 @@ def test_mapped_features_train_to_identical_accuracy(world: gs.World, one_part: 
     assert mapped.memory["end"]["ranks"][0]["mapped_mib"]["features"] > 0
 
 
-def test_inference_under_a_tight_budget_rebuilds_its_blocks_and_gives_the_same_outputs(
+def test_inference_keeps_its_blocks_only_where_a_budget_has_room_and_gives_the_same_outputs(
         world: gs.World, one_part: Path, caplog: pytest.LogCaptureFixture) -> None:
-    roomy = gs.open_graph(one_part, world)
-    model = gs.GNN(gs.ModelConfig(model="sage", num_layers=2, hidden=16), roomy.feature_dim, roomy.num_classes)
+    unbudgeted = gs.open_graph(one_part, world)
+    model = gs.GNN(gs.ModelConfig(model="sage", num_layers=2, hidden=16), unbudgeted.feature_dim,
+                   unbudgeted.num_classes)
+    built = gs.layerwise_inference(unbudgeted, model, batch_size=500).rows
+    assert not any(isinstance(k, tuple) and k[0] == "inference-blocks" for k in unbudgeted._memo)
+    assert memory.account(unbudgeted).resident.get("evaluation", 0) == 0
+    roomy = gs.open_graph(one_part, world, memory_budget=100_000.0)
     kept = gs.layerwise_inference(roomy, model, batch_size=500).rows
+    assert torch.equal(kept, built)
     blocks = [v for k, v in roomy._memo.items() if isinstance(k, tuple) and k[0] == "inference-blocks"]
     held = sum(a.numel() * a.element_size() for a in memory._arrays(blocks, depth=6))
     assert 0 < held <= 1.25 * budget_module.inference_blocks_mb(roomy) * 2**20  # kept as int32: about 12 B an edge
