@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gnnscale.batch import Block
 from gnnscale.budget import keeps_inference_blocks
 from gnnscale.distributed.feature_store import DistTable
+from gnnscale.distributed.gradsum import Replicated
 from gnnscale.graph import Graph
 from gnnscale.metrics import evaluate
 from samplers.neighbor import SamplerConfig, make_block
@@ -188,7 +189,8 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
 
     Args:
         graph: the graph handle.
-        model: follows the module docstring's protocol (``num_layers``, ``layer``); a DDP wrapper is unwrapped.
+        model: follows the module docstring's protocol (``num_layers``, ``layer``); a ``World.wrap`` or DDP wrapper
+            is unwrapped.
         batch_size: destination nodes per block.
         self_loops, gcn_norm, edge_features: as the model was trained with (the loader's settings).
         device: where the layers run (default: the world's device); rows stay on the host.
@@ -196,7 +198,7 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
     Raises:
         TypeError: the model does not follow the protocol.
     """
-    module = model.module if isinstance(model, DistributedDataParallel) else model
+    module = model.module if isinstance(model, (Replicated, DistributedDataParallel)) else model
     if not isinstance(getattr(module, "num_layers", None), int) or not callable(getattr(module, "layer", None)):
         raise TypeError(f"{type(module).__name__} does not follow the layer-wise protocol: give it num_layers (int) "
                         f"and layer(index, block, h) (see gnnscale.inference)")

@@ -7,7 +7,7 @@ script runs unchanged in both::
 
     with gs.init() as world:
         graph = gs.open_graph("parts/cora-2", world)
-        model = world.wrap(MyModel(...))      # DistributedDataParallel where world.size > 1
+        model = world.wrap(MyModel(...))      # gradients averaged over the ranks where world.size > 1
         ...
 
 Leaving the ``with`` block waits for every rank (a barrier), then leaves the job; an exception leaves at
@@ -25,10 +25,10 @@ from types import TracebackType
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import DistEnv, Runtime, read_env
+from gnnscale.distributed.gradsum import Replicated
 from gnnscale.distributed.job import joined_job
 
 
@@ -69,12 +69,16 @@ class World:
         return self.rank == 0
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """``module`` on this rank's device, in :class:`DistributedDataParallel` where the world has more than
-        one rank (gradients averaged over ranks at every backward); the module itself in a world of one."""
+        """``module`` on this rank's device; where the world has more than one rank, in a
+        :class:`~gnnscale.distributed.gradsum.Replicated`: rank 0's weights on every rank, and every backward
+        leaves the gradients averaged over the ranks, their sums started while the backward runs --
+        ``DistributedDataParallel``'s contract (``.module``, ``no_sync()``), without the 150 MiB a process of
+        torch's compiler that DDP's constructor imports.  The module itself in a world of one, or where it has
+        no parameter to train (a dot-product decoder: nothing to average)."""
         module = module.to(self.device)
-        if self.runtime.group is None:
+        if self.runtime.group is None or not any(p.requires_grad for p in module.parameters()):
             return module
-        return DistributedDataParallel(module, process_group=self.runtime.group)
+        return Replicated(module, Exchanger(self.runtime.group, self.rank, self.size))
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""

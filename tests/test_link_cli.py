@@ -4,6 +4,7 @@ written with --save-predictions, and its options' errors in one line."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,13 @@ def synthetic() -> Any:
     return generate_synthetic(SyntheticConfig(num_nodes=1000, avg_degree=6, num_classes=5, feat_dim=16, seed=2))
 
 
-def train(rank: int, parts: str, out: str) -> int:
+def train(rank: int, parts: str, out: str) -> tuple[int, bool]:
+    """The command's exit status, and whether torch's compiler was loaded (World.wrap and gnnscale's Adam
+    leave it out: about 150 MiB a process, docs/memory.md)."""
     from gnnscale.train.cli import main
 
-    return main(["--partitions", parts, "--out", out, "--save-predictions", *ARGS])
+    status = main(["--partitions", parts, "--out", out, "--save-predictions", *ARGS])
+    return status, "torch._dynamo" in sys.modules
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -33,7 +37,7 @@ def test_link_task_trains_and_writes_embeddings(tmp_path: Path, ranks: int) -> N
     import gnnscale as gs
 
     parts = partition_dataset(synthetic(), tmp_path / "parts", ranks)
-    assert run_ranks(train, ranks, str(parts), str(tmp_path / "run"), timeout=300.0) == [0] * ranks
+    assert run_ranks(train, ranks, str(parts), str(tmp_path / "run"), timeout=300.0) == [(0, False)] * ranks
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["task"] == "link" and metrics["metric"] == "roc_auc"
     # Planted communities: linked nodes share one, so held-out edges are far above chance (0.5).

@@ -88,7 +88,7 @@ class LinkTrainer:
             encoder = GNN(model_config, graph.feature_dim, model_config.hidden,
                           edges.row_shape[0] if model_config.edge_features and edges is not None else 0)
             decoder = make_decoder(link.decoder, model_config.hidden)
-        self.encoder, self.decoder = self.world.wrap(encoder), self._wrap(decoder)
+        self.encoder, self.decoder = self.world.wrap(encoder), self.world.wrap(decoder)
         parameters = [*self.encoder.parameters(), *self.decoder.parameters()]
         self.optimizer = Adam(parameters, lr=config.lr, weight_decay=config.weight_decay)
         self.fingerprint = self._fingerprint(model_config, sampler_config, link)
@@ -99,10 +99,6 @@ class LinkTrainer:
         loaders = [self.task.train, *(loader for loader, _ in self.task.scorers.values())]
         return memory.report(self.graph, moment, loaders=loaders, model=nn.ModuleList([self.encoder, self.decoder]),
                              optimizer=self.optimizer)
-
-    def _wrap(self, decoder: nn.Module) -> nn.Module:
-        # A dot decoder has no parameters, and DDP refuses a module without any.
-        return self.world.wrap(decoder) if any(True for _ in decoder.parameters()) else decoder.to(self.world.device)
 
     def fit(self) -> TrainResult:
         """Train ``config.epochs`` epochs (early stop after ``patience`` evaluations without a better validation

@@ -9,7 +9,7 @@ of one over :func:`partition.load.whole_graph_partition`).  Every rank
   gather the input rows (a local table, or the :class:`DistTable` of features whose remote rows come from
   their owners); on CUDA through pinned slots and a side stream (:class:`DeviceFeeder`);
 * takes the same number of steps per epoch as every other rank (the rank with the most training
-  nodes sets it), each rank's loss scaled so that DDP's average of gradients is the gradient of
+  nodes sets it), each rank's loss scaled so that the sum of the ranks' gradients is the gradient of
   the mean loss over the whole step's seeds, as on one machine;
 * evaluates layer by layer over all neighbours of its owned nodes, exchanging the halo's
   embeddings once per layer; every rank computes the same metric.
@@ -41,7 +41,7 @@ from gnnscale import memory
 from gnnscale.distributed.comm import Exchanger
 from gnnscale.distributed.env import Runtime
 from gnnscale.distributed.feature_store import DistTable
-from gnnscale.distributed.gradsum import GradientSum
+from gnnscale.distributed.gradsum import GradientSum, broadcast_from_rank0
 from gnnscale.graph import Graph
 from gnnscale.inference import NodeOutputs, layerwise_inference
 from gnnscale.nn import GNN, ModelConfig
@@ -256,7 +256,7 @@ class Trainer:
         self.gradients = GradientSum(list(self.module.parameters()), comm) if runtime.group is not None else None
         self.buffers = [b for b in self.module.buffers() if b.is_floating_point()]
         if self.gradients is not None:
-            _broadcast(comm, [*self.module.parameters(), *self.module.buffers()])
+            broadcast_from_rank0(comm, [*self.module.parameters(), *self.module.buffers()])
         self.loss_scale = 1.0  # the sums add: the step's global mean's gradient
         self.grad_wait = 0.0  # this epoch's exposed wait for gradient sums
 
@@ -363,7 +363,7 @@ class Trainer:
         self.grad_wait += time.perf_counter() - waited  # the sum's exposed part: what no computation hid
         self.optimizer.step()
         if self.buffers:
-            _broadcast(self.gradients.comm, self.buffers)
+            broadcast_from_rank0(self.gradients.comm, self.buffers)
 
     # ------------------------------------------------------------------ evaluation
     def inference(self) -> Tensor:
@@ -468,14 +468,3 @@ class Trainer:
                            best_epoch=best.get("epoch", 0), epochs_run=state.epoch,
                            train_seconds=sum(r["epoch_seconds"] for r in state.history), history=state.history,
                            memory=self.memory)
-
-
-def _broadcast(comm: Exchanger, tensors: list[Tensor]) -> None:
-    """Rank 0's values of ``tensors`` on every rank: one broadcast per dtype, on the model's device (the
-    gradient group's: gloo on CPU, NCCL on CUDA)."""
-    for dtype in {t.dtype for t in tensors}:
-        same = [t for t in tensors if t.dtype == dtype]
-        flat = comm.broadcast(torch.cat([t.detach().reshape(-1) for t in same]), 0)
-        with torch.no_grad():
-            for t, values in zip(same, flat.split([t.numel() for t in same]), strict=True):
-                t.copy_(values.view_as(t))
