@@ -12,11 +12,13 @@ A model given its own optimizer (``Trainer(optimizer=...)``) uses that one; torc
 ``torch.optim.Optimizer`` and so such a factory.
 """
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 _HYPER = ("lr", "betas", "eps", "weight_decay")
 
@@ -38,6 +40,7 @@ class Adam:
         self.param_groups: list[dict[str, Any]] = [
             {"params": params, "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}]
         self.state: dict[nn.Parameter, dict[str, Tensor]] = {}
+        self._post_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()  # a handle refers to it weakly
 
     @property
     def params(self) -> list[nn.Parameter]:
@@ -52,9 +55,22 @@ class Adam:
             else:
                 p.grad.detach_().zero_()
 
-    @torch.no_grad()
+    def register_step_post_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(optimizer, args, kwargs)`` after every :meth:`step`, as torch's optimizers call it; the
+        handle's ``remove()`` unregisters it."""
+        handle = RemovableHandle(self._post_hooks)
+        self._post_hooks[handle.id] = hook
+        return handle
+
     def step(self) -> None:
-        """One update of every parameter that has a gradient (the others and their state untouched)."""
+        """One update of every parameter that has a gradient (the others and their state untouched), then the
+        step hooks."""
+        self._update()
+        for hook in list(self._post_hooks.values()):
+            hook(self, (self,), {})  # torch passes step's own arguments, the optimizer first
+
+    @torch.no_grad()
+    def _update(self) -> None:
         group = self.param_groups[0]
         lr, (beta1, beta2), eps, decay = (group[k] for k in _HYPER)
         for p in self.params:

@@ -61,6 +61,21 @@ def test_state_dicts_move_between_torchs_adam_and_ours():
     assert c.state_dict()["param_groups"][0]["weight_decay"] == 1e-4
 
 
+def test_step_post_hooks_run_after_each_step_as_torchs_until_removed():
+    ours, theirs = _models()
+    a, b = Adam(ours.parameters(), lr=0.01), torch.optim.Adam(theirs.parameters(), lr=0.01)
+    seen: dict[str, list] = {"ours": [], "torch": []}
+    handles = [opt.register_step_post_hook(lambda o, args, kwargs, k=key: seen[k].append((o, args, kwargs)))
+               for opt, key in ((a, "ours"), (b, "torch"))]
+    _train(ours, a, range(3))
+    _train(theirs, b, range(3))
+    assert seen["ours"] == [(a, (a,), {})] * 3 and seen["torch"] == [(b, (b,), {})] * 3
+    for handle in handles:
+        handle.remove()
+    _train(ours, a, range(3, 5))
+    assert len(seen["ours"]) == 3
+
+
 def test_a_state_for_another_model_is_refused_in_one_line():
     ours, _ = _models()
     a = Adam(ours.parameters())
