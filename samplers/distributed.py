@@ -195,33 +195,68 @@ class JoinedArray:
         return out
 
 
+HALO_ROUND_BYTES = 32 * 2**20
+"""About this many bytes of halo in-edges travel to and from a rank per round of :func:`fetch_halo`: what its
+start-up holds beyond the copy itself (at once, 4 ranks of a 3M-node graph held 3 times the copy's bytes)."""
+
+
 def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: Exchanger, *, with_edges: bool,
                budget_bytes: float) -> HaloGraph | None:
     """A copy of the in-edges of ``halo_ids`` (sorted, non-owned global ids) from their owners, joined with
     ``graph`` (:class:`HaloGraph`); None on every rank when any rank's copy would exceed its ``budget_bytes``.
     A collective: owners first send the halo's degrees, the ranks agree whether every copy fits, then the edges
-    travel."""
+    travel in rounds of about :data:`HALO_ROUND_BYTES` through one pair of buffers, each round written into
+    its place in the copy."""
     owner = torch.searchsorted(offsets, halo_ids, right=True) - 1
     sizes = torch.bincount(owner, minlength=exchanger.world_size).tolist()
     requests = exchanger.exchange(list(halo_ids.split(sizes)))
-    degree_replies = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
-    degrees = torch.cat(exchanger.exchange(degree_replies, recv_sizes=sizes))
+    served = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
+    degrees = torch.cat(exchanger.exchange(served, recv_sizes=sizes))
     num_edges = int(degrees.sum())
     need = HaloGraph.bytes_for(graph.num_owned, halo_ids.numel(), num_edges, with_edges)
     fits = torch.tensor([int(need <= budget_bytes)], dtype=torch.int64)
     if not int(exchanger.all_reduce(fits, op=dist.ReduceOp.MIN)[0]):
         return None
-    replies = []
-    for ids in requests:
-        src, _, *edges = graph.sample(ids, -1, False, None, with_edges=with_edges)
-        replies.append(torch.cat([src, *edges]))
-    per_rank = degrees.split(sizes)
-    received = exchanger.exchange(replies, recv_sizes=[(2 if with_edges else 1) * int(d.sum()) for d in per_rank])
-    indices = torch.cat([m[:int(d.sum())] for m, d in zip(received, per_rank)]).numpy()
-    edge_ids = torch.cat([m[int(d.sum()):] for m, d in zip(received, per_rank)]).numpy() if with_edges else None
+    width = 2 if with_edges else 1  # sources, then edge ids
+    load = 8 * width * max(num_edges, sum(int(d.sum()) for d in served))
+    rounds = torch.tensor([max(1, -(-load // HALO_ROUND_BYTES))], dtype=torch.int64)
+    rounds = int(exchanger.all_reduce(rounds, op=dist.ReduceOp.MAX)[0])
     indptr = np.zeros(halo_ids.numel() + 1, dtype=np.int64)
     np.cumsum(degrees.numpy(), out=indptr[1:])
-    return HaloGraph(graph, halo_ids, indptr, indices, edge_ids)
+    copy = np.empty((width, num_edges), dtype=np.int64)
+    asked = degrees.split(sizes)  # the degrees of what this rank asked each owner for
+    firsts = np.concatenate([[0], np.cumsum(sizes)])
+    send_buffer = recv_buffer = None
+    for r in range(rounds):
+        cuts = [(len(ids) * r // rounds, len(ids) * (r + 1) // rounds) for ids in requests]
+        replies = [_in_edges(graph, ids[lo:hi], with_edges) for ids, (lo, hi) in zip(requests, cuts)]
+        mine = [(len(d) * r // rounds, len(d) * (r + 1) // rounds) for d in asked]
+        recv_sizes = [width * int(d[lo:hi].sum()) for d, (lo, hi) in zip(asked, mine)]
+        send_sizes = [reply.numel() for reply in replies]
+        if send_buffer is None:  # one pair for every round: what the collectives keep is these
+            most_sent = max(_round_totals(served, rounds, width))
+            most_received = max(_round_totals(asked, rounds, width))
+            send_buffer, recv_buffer = torch.empty(most_sent, dtype=torch.int64), torch.empty(most_received,
+                                                                                           dtype=torch.int64)
+        send = torch.cat(replies, out=send_buffer[:sum(send_sizes)])
+        received = recv_buffer[:sum(recv_sizes)]
+        exchanger.exchange_into(send, send_sizes, received, recv_sizes)
+        for part, (lo, hi), first in zip(received.split(recv_sizes), mine, firsts):
+            start, end = indptr[first + lo], indptr[first + hi]
+            copy[:, start:end] = part.view(width, -1).numpy()
+    return HaloGraph(graph, halo_ids, indptr, copy[0], copy[1] if with_edges else None)
+
+
+def _in_edges(graph: LocalGraph, ids: Tensor, with_edges: bool) -> Tensor:
+    """The sources of every in-edge of owned ``ids``, in order, then (``with_edges``) their global edge ids."""
+    src, _, *edges = graph.sample(ids, -1, False, None, with_edges=with_edges)
+    return torch.cat([src, *edges])
+
+
+def _round_totals(degrees: list[Tensor], rounds: int, width: int) -> list[int]:
+    """Rows of int64 per round: each rank's ``degrees`` cut into ``rounds`` near-equal runs of nodes."""
+    return [width * sum(int(d[len(d) * r // rounds:len(d) * (r + 1) // rounds].sum()) for d in degrees)
+            for r in range(rounds)]
 
 
 class DistNeighborSampler:

@@ -43,6 +43,23 @@ def blocks_in_original_ids(batch: Any, book: Any) -> list[dict[str, np.ndarray |
              "edge_weight": None if b.edge_weight is None else b.edge_weight.numpy()} for b in batch.blocks]
 
 
+def halo_in_rounds(graph: Any, halo_ids: torch.Tensor, offsets: torch.Tensor, exchanger: Any,
+                   halo: Any) -> tuple[bool, int]:
+    """The halo copy fetched in rounds of 256 bytes: whether it equals ``halo`` (one round), and how many
+    exchanges it took."""
+    import samplers.distributed as sd
+
+    before, saved = exchanger.stats.exchanges, sd.HALO_ROUND_BYTES
+    sd.HALO_ROUND_BYTES = 256
+    try:
+        rounds = sd.fetch_halo(graph, halo_ids, offsets, exchanger, with_edges=True, budget_bytes=float("inf"))
+    finally:
+        sd.HALO_ROUND_BYTES = saved
+    same = all(np.array_equal(getattr(rounds, name), getattr(halo, name))
+               for name in ("indptr", "halo_indices", "halo_edge_ids"))
+    return same, exchanger.stats.exchanges - before
+
+
 def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
     """Rank ``rank``'s side of every check on ``part_dir``; ``hub`` is a new global id owned by rank 1."""
     from types import SimpleNamespace
@@ -73,7 +90,8 @@ def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
         }
         whole = replicate_structure(graph, exchanger)
         halo = fetch_halo(graph, halo_ids, offsets, exchanger, with_edges=True, budget_bytes=float("inf"))
-        out: dict[str, Any] = {"halo_edge_ids": halo_edge_check(halo, whole, book)}
+        out: dict[str, Any] = {"halo_edge_ids": halo_edge_check(halo, whole, book),
+                               "halo_in_rounds": halo_in_rounds(graph, halo_ids, offsets, exchanger, halo)}
         # Over the budget on one rank: no rank holds a copy (the ranks must agree on which hops exchange).
         out["halo_over_budget"] = fetch_halo(graph, halo_ids, offsets, exchanger, with_edges=False,
                                              budget_bytes=1.0 if rank == 0 else float("inf"))
@@ -285,6 +303,13 @@ def test_owned_seeds_with_the_halo_copy_sample_without_any_exchange(job: Job) ->
         assert exchanges["gcn", "halo", "train"] < exchanges["gcn", "partitioned", "train"], f"{job.name} rank {rank}"
         assert result["halo_exchanges"]["plain", "halo", "random"] == 4  # two rounds per hop beyond the halo
         assert "neither owned by this rank nor in its halo" in result["beyond_halo_error"]
+
+
+def test_halo_copy_fetched_in_many_small_rounds_is_the_same_copy(job: Job) -> None:
+    for rank, result in enumerate(job.results):
+        same, exchanges = result["halo_in_rounds"]
+        assert same, f"{job.name} rank {rank}: the copy fetched in rounds differs"
+        assert exchanges > 10, f"{job.name} rank {rank}: {exchanges} exchanges, so not many rounds"
 
 
 def test_halo_copy_holds_each_halo_nodes_in_edges_with_their_edge_ids(job: Job) -> None:
