@@ -178,8 +178,9 @@ def _weak_call(owner: weakref.ref[Any], name: str) -> Callable[[], None]:
 
 def broadcast_from_rank0(comm: Exchanger, tensors: list[Tensor]) -> None:
     """Rank 0's values of ``tensors`` on every rank: one broadcast per dtype, on the tensors' device (the
-    gradient group's: gloo on CPU, NCCL on CUDA)."""
-    for dtype in {t.dtype for t in tensors}:
+    gradient group's: gloo on CPU, NCCL on CUDA).  The dtypes go in the order of their names: a set of them
+    iterates in an order that may differ from process to process, and each rank must send the same one."""
+    for dtype in sorted({t.dtype for t in tensors}, key=str):
         same = [t for t in tensors if t.dtype == dtype]
         flat = comm.broadcast(torch.cat([t.detach().reshape(-1) for t in same]), 0)
         with torch.no_grad():
