@@ -103,3 +103,11 @@ def test_no_sync_accumulates_locally_and_the_next_backward_averages_the_accumula
 
 def test_wrapping_does_not_load_torchs_compiler(runs: list[dict[str, Any]]) -> None:
     assert not any(run["compiler_loaded"] for run in runs)
+
+
+def test_a_module_without_parameters_to_train_is_refused_in_one_line() -> None:
+    from gnnscale.distributed.comm import Exchanger
+    from gnnscale.distributed.gradsum import Replicated
+
+    with pytest.raises(ValueError, match="Identity has no parameter that requires a gradient.*without wrapping it"):
+        Replicated(nn.Identity(), Exchanger(None, 0, 1))
