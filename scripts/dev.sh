@@ -49,6 +49,30 @@ check_python() {
     [[ " $* " == *" $version "* ]] || die "$name=$python is Python $version; set $name to a Python $words interpreter"
 }
 
+# free_gb PATH: the space free on PATH's file system, in GB with one decimal.
+free_gb() { df -Pk "$1" | awk 'NR == 2 {printf "%.1f", $4 / 1048576}'; }
+
+# pip_install VENV ARGS...: VENV's pip install ARGS, tried up to 3 times.  An environment is about 3 GB of
+# downloads (torch's CUDA build and its libraries) and 6 GB installed: one connection that breaks more often
+# than pip resumes a download should not fail a set-up, and a full disk is named as the cause.
+pip_install() {
+    local venv=$1 attempt free
+    shift
+    for attempt in 1 2 3; do
+        "$venv/bin/python" -m pip install "$@" && return 0
+        free=$(free_gb "$venv")
+        if awk -v free="$free" 'BEGIN { exit !(free < 3) }'; then
+            die "pip could not install into $venv with $free GB free on its disk; an environment needs about" \
+                "9 GB while it installs: free space and run again"
+        fi
+        if [ "$attempt" -lt 3 ]; then
+            log "pip failed (attempt $attempt of 3, $free GB free); trying again in 10 s"
+            sleep 10
+        fi
+    done
+    die "pip could not install into $venv in 3 attempts (its errors are above); check the network and run again"
+}
+
 # ensure_venv VENV PYTHON CONSTRAINTS EXTRAS: VENV holds gnnscale[EXTRAS] installed by PYTHON under CONSTRAINTS.
 ensure_venv() {
     local venv=$1 python=$2 constraints=$3 extras=$4 stamp identity content start note=""
@@ -71,8 +95,8 @@ ensure_venv() {
         rm -rf "$venv"
         "$python" -m venv "$venv"
         echo "$identity" > "$stamp"
-        "$venv/bin/python" -m pip install --quiet --upgrade pip
-        note=" (torch is a CUDA build: about 3 GB of downloads, several minutes)"
+        pip_install "$venv" --quiet --upgrade pip
+        note=" (torch is a CUDA build: about 3 GB of downloads, 6 GB installed, several minutes; $(free_gb "$venv") GB free)"
     fi
     log "installing gnnscale[$extras] into $venv, pinned by $constraints$note"
     # PIP_CONSTRAINT replaces any constraint file named in pip's own configuration (pip reads the
@@ -80,7 +104,7 @@ ensure_venv() {
     # setuptools warns on every editable install that folders named like the packages may shadow
     # them: here those folders are the packages being installed.
     PIP_CONSTRAINT="$constraints" PYTHONWARNINGS="ignore:Editable installation" \
-        "$venv/bin/python" -m pip install --quiet -e ".[$extras]"
+        pip_install "$venv" --quiet -e ".[$extras]"
     printf '%s\n%s\n' "$identity" "$content" > "$stamp"
     log "$venv ready in $((SECONDS - start)) s: $("$venv/bin/python" -c 'import platform, torch
 print(f"Python {platform.python_version()}, torch {torch.__version__}")')"

@@ -1,8 +1,8 @@
 """scripts/dev.sh refuses what it cannot use with one line on stderr and exit status 2, before installing anything.
 
 The successful paths (creating .venv/ and .venv-dgl/, several GB of downloads) are what CI runs
-(.ci/run); here only the refusals, each in a copy of the script's tree so that no real
-environment is touched.
+(.ci/run); here the refusals, and how a failing pip is retried, each in a copy of the script's tree
+with a stand-in interpreter and pip, so that no real environment is touched.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # What dev.sh runs besides an interpreter; the tests' PATH holds these and nothing else.
-TOOLS = ("bash", "dirname", "ls", "sort", "cat", "head", "cut", "sha256sum", "tr", "rm", "touch", "printf")
+TOOLS = ("bash", "dirname", "ls", "sort", "cat", "head", "cut", "sha256sum", "tr", "rm", "touch", "printf",
+         "df", "awk", "mkdir", "ln")
 
 
 @pytest.fixture
@@ -92,3 +93,73 @@ def test_a_venv_it_did_not_make_is_left_alone(tree: Path) -> None:
     assert proc.stderr.splitlines() == ["error: .venv exists but was not made by scripts/dev.sh; "
                                         "move it away and run again"]
     assert (tree / ".venv" / "mine.txt").read_text() == "a user's own environment"
+
+
+def interpreter_whose_pip_fails(folder: Path, failures: int) -> Path:
+    """A Python 3.12 stand-in whose ``-m venv DIR`` makes a venv whose pip fails ``failures`` times, then works.
+
+    The venv's python counts pip's runs in ``pip-runs`` beside it and answers anything else with success.
+    """
+    venv_python = folder / "venv-python"
+    venv_python.write_text(f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m pip install" ]; then
+    runs=$(cat "{folder}/pip-runs" 2>/dev/null || echo 0)
+    runs=$((runs + 1))
+    echo "$runs" > "{folder}/pip-runs"
+    [ "$runs" -gt {failures} ] || {{ echo "ERROR: connection interrupted" >&2; exit 1; }}
+fi
+echo "Python 3.12.0, torch stand-in"
+""")
+    python = folder / "python3.12"
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin" && ln -s "{venv_python}" "$3/bin/python"
+    exit 0
+fi
+[ "$1" = "-c" ] && echo "3.12" || echo "Python 3.12.0"
+""")
+    for path in (venv_python, python):
+        path.chmod(0o755)
+    return python
+
+
+def with_free_disk(tree: Path, gigabytes: float) -> None:
+    """Replace the tests' df by one that reports ``gigabytes`` free."""
+    df = tree.parent / "bin" / "df"
+    df.unlink()
+    df.write_text(f"#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted'\n"
+                  f"echo 'disk 100000000 0 {int(gigabytes * 1048576)} 0% /'\n")
+    df.chmod(0o755)
+    sleep = tree.parent / "bin" / "sleep"  # the 10 s pause between attempts, skipped
+    sleep.write_text("#!/bin/sh\n")
+    sleep.chmod(0o755)
+
+
+def test_a_failing_pip_is_tried_three_times(tree: Path) -> None:
+    with_free_disk(tree, 50)
+    python = interpreter_whose_pip_fails(tree.parent, failures=1)  # the pip upgrade fails once: taken again
+    proc = dev(tree, "test", "--version", PYTHON=str(python))
+    assert proc.returncode == 0, proc.stderr
+    assert "[dev.sh] pip failed (attempt 1 of 3, 50.0 GB free); trying again in 10 s" in proc.stderr.splitlines()
+    assert (tree.parent / "pip-runs").read_text() == "3\n"  # upgrade twice, then the install
+    assert (tree / ".venv" / ".gnnscale-install-stamp").read_text().count("\n") == 2  # the install was recorded
+
+    python = interpreter_whose_pip_fails(tree.parent, failures=99)
+    (tree.parent / "pip-runs").unlink()
+    (tree / "pyproject.toml").write_text((tree / "pyproject.toml").read_text() + "\n")  # an update is due
+    proc = dev(tree, "test", "--version", PYTHON=str(python))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("error: pip could not install into .venv in 3 attempts (its errors are "
+                                            "above); check the network and run again")
+    assert (tree.parent / "pip-runs").read_text() == "3\n"
+
+
+def test_a_full_disk_is_named_and_not_retried(tree: Path) -> None:
+    with_free_disk(tree, 1.5)
+    python = interpreter_whose_pip_fails(tree.parent, failures=99)
+    proc = dev(tree, "test", "--version", PYTHON=str(python))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("error: pip could not install into .venv with 1.5 GB free on its disk; "
+                                            "an environment needs about 9 GB while it installs: free space and run "
+                                            "again")
+    assert (tree.parent / "pip-runs").read_text() == "1\n"
