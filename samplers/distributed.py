@@ -228,9 +228,9 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
     firsts = np.concatenate([[0], np.cumsum(sizes)])
     send_buffer = recv_buffer = None
     for r in range(rounds):
-        cuts = [(len(ids) * r // rounds, len(ids) * (r + 1) // rounds) for ids in requests]
+        cuts = [_cut(len(ids), r, rounds) for ids in requests]
         replies = [_in_edges(graph, ids[lo:hi], with_edges) for ids, (lo, hi) in zip(requests, cuts)]
-        mine = [(len(d) * r // rounds, len(d) * (r + 1) // rounds) for d in asked]
+        mine = [_cut(len(d), r, rounds) for d in asked]
         recv_sizes = [width * int(d[lo:hi].sum()) for d, (lo, hi) in zip(asked, mine)]
         send_sizes = [reply.numel() for reply in replies]
         if send_buffer is None:  # one pair for every round: what the collectives keep is these
@@ -253,10 +253,15 @@ def _in_edges(graph: LocalGraph, ids: Tensor, with_edges: bool) -> Tensor:
     return torch.cat([src, *edges])
 
 
+def _cut(n: int, r: int, rounds: int) -> tuple[int, int]:
+    """Round ``r``'s run ``[lo, hi)`` of ``n`` nodes cut into ``rounds`` near-equal runs: the same on the
+    rank that asks and on the owner that answers."""
+    return n * r // rounds, n * (r + 1) // rounds
+
+
 def _round_totals(degrees: list[Tensor], rounds: int, width: int) -> list[int]:
     """Rows of int64 per round: each rank's ``degrees`` cut into ``rounds`` near-equal runs of nodes."""
-    return [width * sum(int(d[len(d) * r // rounds:len(d) * (r + 1) // rounds].sum()) for d in degrees)
-            for r in range(rounds)]
+    return [width * sum(int(d[slice(*_cut(len(d), r, rounds))].sum()) for d in degrees) for r in range(rounds)]
 
 
 class DistNeighborSampler:
