@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -238,8 +240,6 @@ def test_bench_rank_memory_runs_end_to_end(tmp_path: Path) -> None:
     """scripts/bench_rank_memory.py on a tiny graph (seven training runs, about a minute): the report is
     complete; nothing about its figures is asserted but what must hold whatever the host."""
     import json
-    import subprocess
-    import sys
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_rank_memory.py"
     out = tmp_path / "bench.json"
@@ -262,11 +262,39 @@ def test_under_a_budget_freed_memory_goes_back_to_the_system(monkeypatch: pytest
     import gnnscale.pipeline
     from gnnscale.train.cli import apply_process_settings
 
-    calls = []
+    calls, limits = [], []
     monkeypatch.setattr(gnnscale.pipeline, "keep_freed_memory", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(gnnscale.pipeline, "limit_arenas", lambda **kwargs: limits.append(kwargs))
     for budget in (None, 1500.0):
         apply_process_settings(argparse.Namespace(keep_freed_memory=True, memory_budget=budget, seed=0))
     assert calls == [{}]  # kept without a budget only
+    assert limits == [{}, {}]  # the heaps are limited either way
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from gnnscale.pipeline import limit_arenas
+if sys.argv[1] == "limit":
+    assert limit_arenas(1)
+held = []
+threads = [threading.Thread(target=lambda: held.append([bytearray(4096) for _ in range(100)])) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" block per heap, on stderr
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's arenas: Linux only")
+def test_limit_arenas_makes_threads_share_the_heaps() -> None:
+    def heaps(mode: str) -> int:
+        proc = subprocess.run([sys.executable, "-c", ARENA_PROBE, mode], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return sum(line.startswith("Arena ") for line in proc.stderr.splitlines())
+
+    assert heaps("limit") == 1
+    assert heaps("default") > 1  # four allocating threads get heaps of their own
 
 
 def _fake_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int, limit: str, usage: int,

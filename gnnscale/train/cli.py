@@ -296,8 +296,9 @@ def apply_process_settings(args: argparse.Namespace) -> None:
     """The process-wide settings of a training command: the allocator and torch's global generator."""
     import torch
 
-    from gnnscale.pipeline import keep_freed_memory
+    from gnnscale.pipeline import keep_freed_memory, limit_arenas
 
+    limit_arenas()  # before the loader's and gloo's threads allocate
     budget_from_limit(args)
     # Under a budget freed memory goes back to the system as glibc does by default: keeping it, even with the
     # heap capped at a tenth of the budget, fragmented the heap with evaluation's buffers (100M edges, 2 ranks,
