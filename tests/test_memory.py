@@ -297,6 +297,33 @@ def test_limit_arenas_makes_threads_share_the_heaps() -> None:
     assert heaps("default") > 1  # four allocating threads get heaps of their own
 
 
+RETURN_PROBE = """
+import numpy as np
+from gnnscale.pipeline.allocator import freed_memory_returned, keep_freed_memory
+def rss():
+    return int([l for l in open('/proc/self/status') if l.startswith('RssAnon')][0].split()[1]) * 1024
+def freed(size=64 << 20):
+    array = np.ones(size, dtype=np.uint8)
+    before = rss()
+    del array
+    return before - rss()
+assert keep_freed_memory()
+with freed_memory_returned():
+    returned = freed()
+print(returned, freed())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_freed_memory_returned_gives_back_what_the_block_frees_and_then_keeps_again() -> None:
+    """With freed memory kept, 64 MiB freed within :func:`freed_memory_returned` leave the process (evaluation's
+    buffers), and 64 MiB freed after it stay (a training step's)."""
+    proc = subprocess.run([sys.executable, "-c", RETURN_PROBE], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    returned, kept = (int(v) for v in proc.stdout.split())
+    assert returned > 60 * 2**20 and kept < 4 * 2**20, (returned, kept)
+
+
 def _fake_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int, limit: str, usage: int,
                   inactive: int) -> None:
     """A /proc/self/cgroup and /sys/fs/cgroup of one memory group ``/job/rank`` under ``tmp_path``."""

@@ -77,6 +77,40 @@ def test_halo_rows_gathered_in_waves_give_the_same_rows(tmp_path: Path, halo_row
                                atol=1e-5)
 
 
+def infer_and_score(rank: int, source: str) -> dict[str, float]:
+    """Accuracy and ROC-AUC (of class 0 against the rest) of the same weights' rows on the graph's val and test
+    ids, and how many row gathers each needed."""
+    import torch
+
+    import gnnscale as gs
+
+    with gs.init() as world:
+        graph = gs.open_graph(source, world) if Path(source).is_dir() else gs.Graph.from_dataset(synthetic(), world)
+        torch.manual_seed(0)
+        module = gs.GNN(gs.ModelConfig(model="sage", num_layers=2, hidden=8), graph.feature_dim, graph.num_classes)
+        outputs = gs.layerwise_inference(graph, module, batch_size=100)
+        gathers, gather = [0], world.exchanger.all_gather_rows
+        world.exchanger.all_gather_rows = lambda rows: (gathers.__setitem__(0, gathers[0] + 1), gather(rows))[1]
+        scores = {"val": outputs.score(graph.val_ids), "test": outputs.score(graph.test_ids),
+                  "accuracy_gathers": gathers[0]}
+        scores["auc"] = outputs.score(graph.test_ids, (graph.labels == 0).long(), metric="roc_auc")
+        scores["auc_gathers"] = gathers[0] - scores["accuracy_gathers"]
+    return scores
+
+
+def test_accuracy_is_summed_across_ranks_not_gathered(tmp_path: Path) -> None:
+    """Accuracy on 2 ranks is one all-reduce of counts (no rank holds another's rows: on a 3M-node graph the
+    gathered logits were 140 MiB a rank) and equals one process's; a ranking metric still gathers the scores."""
+    parts = partition_dataset(synthetic(), tmp_path / "parts", 2)
+    one = infer_and_score(0, "in-memory")
+    two = run_ranks(infer_and_score, 2, str(parts), timeout=240.0)
+    for scores in two:
+        assert scores["accuracy_gathers"] == 0 and scores["auc_gathers"] == 2
+        for key in ("val", "test", "auc"):
+            assert scores[key] == pytest.approx(one[key], abs=1e-6), key
+    assert 0.0 < one["test"] < 1.0
+
+
 def train_with_predictions(rank: int, parts: str, out: str) -> int:
     from gnnscale.train.cli import main
 
