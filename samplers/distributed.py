@@ -109,7 +109,7 @@ class HaloGraph:
         owned: this rank's owned in-edges.
         halo_ids: int64 [h] sorted global ids of the halo nodes.
         indptr: int64 [h + 1] CSC offsets of the halo nodes' in-edges.
-        indices: int64 [halo edges] their sources (global ids).
+        indices: int32 (int64 where a global id may pass int32) [halo edges] their sources (global ids).
         edge_ids: int64 [halo edges] their global edge ids, or None (not fetched).
     """
 
@@ -128,13 +128,14 @@ class HaloGraph:
     @property
     def nbytes(self) -> int:
         """Bytes held beyond ``owned``."""
-        return self.bytes_for(self.owned.num_owned, self.halo_ids.numel(), self.halo_indices.size, self.has_edge_ids)
+        return self.bytes_for(self.owned.num_owned, self.halo_ids.numel(), self.halo_indices.size, self.has_edge_ids,
+                              self.halo_indices.itemsize)
 
     @staticmethod
-    def bytes_for(num_owned: int, num_halo: int, num_edges: int, with_edges: bool) -> int:
-        """Bytes of a copy of ``num_halo`` nodes' ``num_edges`` in-edges: their ids, the joined offsets (owned and
-        halo), the sources (and edge ids), all int64."""
-        return 8 * (num_owned + 2 * num_halo + 1 + num_edges * (2 if with_edges else 1))
+    def bytes_for(num_owned: int, num_halo: int, num_edges: int, with_edges: bool, source_bytes: int = 8) -> int:
+        """Bytes of a copy of ``num_halo`` nodes' ``num_edges`` in-edges: their ids and the joined offsets (owned
+        and halo), int64, the sources, ``source_bytes`` each, and the edge ids, int64."""
+        return 8 * (num_owned + 2 * num_halo + 1 + num_edges * with_edges) + source_bytes * num_edges
 
     def known(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """``(rows, known)``: each global id's row here (owned or halo; 0 where unknown) and whether it has one."""
@@ -172,7 +173,8 @@ class HaloGraph:
 
 
 class JoinedArray:
-    """Two int64 arrays read as one (``first`` then ``second``) by an integer index array, without copying them."""
+    """Two integer arrays read as one (``first`` then ``second``) by an integer index array, without copying them;
+    what is read has ``first``'s dtype (``second`` may be narrower)."""
 
     def __init__(self, first: np.ndarray, second: np.ndarray) -> None:
         self.first, self.second = first, second
@@ -185,7 +187,7 @@ class JoinedArray:
             if hi <= split:
                 return self.first[lo:hi]
             if lo >= split:
-                return self.second[lo - split:hi - split]
+                return self.second[lo - split:hi - split].astype(self.first.dtype, copy=False)
             return np.concatenate([self.first[lo:], self.second[:hi - split]])
         out = np.empty(positions.shape, dtype=self.first.dtype)
         inside = positions < self.first.size
@@ -213,7 +215,9 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
     served = [graph.degree.index_select(0, ids - graph.start) for ids in requests]
     degrees = torch.cat(exchanger.exchange(served, recv_sizes=sizes))
     num_edges = int(degrees.sum())
-    need = HaloGraph.bytes_for(graph.num_owned, halo_ids.numel(), num_edges, with_edges)
+    # Sources as int32 where every global id fits: the copy is most of what a rank holds beyond its partition.
+    narrow = np.int32 if int(offsets[-1]) <= np.iinfo(np.int32).max else np.int64
+    need = HaloGraph.bytes_for(graph.num_owned, halo_ids.numel(), num_edges, with_edges, np.dtype(narrow).itemsize)
     fits = torch.tensor([int(need <= budget_bytes)], dtype=torch.int64)
     if not int(exchanger.all_reduce(fits, op=dist.ReduceOp.MIN)[0]):
         return None
@@ -223,7 +227,8 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
     rounds = int(exchanger.all_reduce(rounds, op=dist.ReduceOp.MAX)[0])
     indptr = np.zeros(halo_ids.numel() + 1, dtype=np.int64)
     np.cumsum(degrees.numpy(), out=indptr[1:])
-    copy = np.empty((width, num_edges), dtype=np.int64)
+    sources = np.empty(num_edges, dtype=narrow)
+    edge_ids = np.empty(num_edges, dtype=np.int64) if with_edges else None
     asked = degrees.split(sizes)  # the degrees of what this rank asked each owner for
     firsts = np.concatenate([[0], np.cumsum(sizes)])
     send_buffer = recv_buffer = None
@@ -243,8 +248,11 @@ def fetch_halo(graph: LocalGraph, halo_ids: Tensor, offsets: Tensor, exchanger: 
         exchanger.exchange_into(send, send_sizes, received, recv_sizes)
         for part, (lo, hi), first in zip(received.split(recv_sizes), mine, firsts):
             start, end = indptr[first + lo], indptr[first + hi]
-            copy[:, start:end] = part.view(width, -1).numpy()
-    return HaloGraph(graph, halo_ids, indptr, copy[0], copy[1] if with_edges else None)
+            part = part.view(width, -1).numpy()
+            sources[start:end] = part[0]
+            if edge_ids is not None:
+                edge_ids[start:end] = part[1]
+    return HaloGraph(graph, halo_ids, indptr, sources, edge_ids)
 
 
 def _in_edges(graph: LocalGraph, ids: Tensor, with_edges: bool) -> Tensor:

@@ -85,8 +85,8 @@ def halo_inclusion(halo: HaloGraph, seed_probability: np.ndarray, fanouts: Seque
     import torch
 
     owned = halo.owned
-    beyond = halo.halo_indices[~halo.known(torch.from_numpy(halo.halo_indices))[1].numpy()]
-    beyond = np.unique(beyond)
+    sources = np.unique(halo.halo_indices).astype(np.int64)  # unique first: the copy's sources may be int32
+    beyond = sources[~halo.known(torch.from_numpy(sources))[1].numpy()]
     known_rows = owned.num_owned + halo.halo_ids.numel()
 
     def rows(ids: np.ndarray) -> np.ndarray:

@@ -57,7 +57,8 @@ def halo_in_rounds(graph: Any, halo_ids: torch.Tensor, offsets: torch.Tensor, ex
         sd.HALO_ROUND_BYTES = saved
     same = all(np.array_equal(getattr(rounds, name), getattr(halo, name))
                for name in ("indptr", "halo_indices", "halo_edge_ids"))
-    return same, exchanger.stats.exchanges - before
+    widths = (halo.halo_indices.dtype.name, halo.halo_edge_ids.dtype.name, halo.indices[:halo.indices.size].dtype.name)
+    return same, exchanger.stats.exchanges - before, widths
 
 
 def sampler_checks(rank: int, part_dir: str, hub: int) -> dict[str, Any]:
@@ -307,9 +308,11 @@ def test_owned_seeds_with_the_halo_copy_sample_without_any_exchange(job: Job) ->
 
 def test_halo_copy_fetched_in_many_small_rounds_is_the_same_copy(job: Job) -> None:
     for rank, result in enumerate(job.results):
-        same, exchanges = result["halo_in_rounds"]
+        same, exchanges, widths = result["halo_in_rounds"]
         assert same, f"{job.name} rank {rank}: the copy fetched in rounds differs"
         assert exchanges > 10, f"{job.name} rank {rank}: {exchanges} exchanges, so not many rounds"
+        # Sources held as int32 (ids of this graph fit), edge ids as int64, and read back as int64.
+        assert widths == ("int32", "int64", "int64"), f"{job.name} rank {rank}: {widths}"
 
 
 def test_halo_copy_holds_each_halo_nodes_in_edges_with_their_edge_ids(job: Job) -> None:
