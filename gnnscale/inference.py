@@ -39,7 +39,7 @@ from gnnscale.distributed.feature_store import DistTable
 from gnnscale.distributed.gradsum import Replicated
 from gnnscale.graph import Graph
 from gnnscale.metrics import evaluate
-from gnnscale.pipeline.allocator import freed_memory_returned
+from gnnscale.pipeline.allocator import trimmed_heap
 from samplers.neighbor import SamplerConfig, make_block
 
 OUTPUTS_FORMAT = "gnnscale-node-outputs"
@@ -219,7 +219,7 @@ def layerwise_inference(graph: Graph, model: nn.Module, *, batch_size: int = 819
     was_training = module.training
     module.eval()
     try:
-        with freed_memory_returned():  # done once in a while: its buffers must not stay as holes in the heap
+        with trimmed_heap():  # once in a while: it starts without the steps' kept memory and leaves none
             rows = _run_layers(graph, module, _blocks(graph, batch_size, self_loops, gcn_norm, edge_features), device)
     finally:
         module.train(was_training)
