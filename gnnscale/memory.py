@@ -16,7 +16,8 @@ up the bytes of every tensor and array it finds, per structure:
 Each byte is counted once (views of one buffer are merged; the first structure that names a buffer gets it).
 Bytes that lie in a file mapping (``np.load(mmap_mode="r")``) are reported apart as ``mapped``: they count
 in the process's RSS only while their pages are resident, and the kernel may drop them under pressure.
-``rss`` and ``peak_rss`` (VmHWM) come from ``/proc/self/status``.
+``rss`` and ``peak_rss`` (VmHWM) come from ``/proc/self/status``; ``heap_in_use`` and ``heap_free`` from glibc's
+``mallinfo2``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor
 
 from gnnscale.data.pages import release_map
+from gnnscale.pipeline.allocator import heap_bytes
 
 STRUCTURES = ("partition", "halo_and_id_maps", "features", "feature_cache", "sampler", "pipeline", "evaluation",
               "communication", "optimizer")
@@ -237,6 +239,10 @@ class MemoryAccount:
     peak_rss: int = 0
     rss_file: int = 0
     """The part of ``rss`` in file pages (libraries, mapped partition files): shared, and evictable."""
+    heap_in_use: int = 0
+    heap_free: int = 0
+    """What ``malloc`` has handed out, and what it holds free (:func:`gnnscale.pipeline.allocator.heap_bytes`; 0
+    where the C library does not say): the free part is most of what ``rss`` holds beyond ``accounted``."""
 
     @property
     def total_resident(self) -> int:
@@ -258,7 +264,8 @@ class MemoryAccount:
         return {"rank": self.rank, "resident_mib": {k: round(v / MIB, 1) for k, v in self.resident.items()},
                 "mapped_mib": {k: round(v / MIB, 1) for k, v in self.mapped.items() if v},
                 "accounted_mib": round(self.total_resident / MIB, 1), "rss_mib": round(self.rss / MIB, 1),
-                "rss_file_mib": round(self.rss_file / MIB, 1), "peak_rss_mib": round(self.peak_rss / MIB, 1)}
+                "rss_file_mib": round(self.rss_file / MIB, 1), "peak_rss_mib": round(self.peak_rss / MIB, 1),
+                "heap_in_use_mib": round(self.heap_in_use / MIB, 1), "heap_free_mib": round(self.heap_free / MIB, 1)}
 
     def line(self) -> str:
         """One log line: the structures that hold anything, then RSS and peak."""
@@ -266,20 +273,22 @@ class MemoryAccount:
         mapped = ", ".join(f"{k} {v / MIB:.1f}" for k, v in self.mapped.items() if v)
         return (f"rank {self.rank} memory (MiB): {held or 'nothing'}; accounted {self.total_resident / MIB:.1f}"
                 + (f"; mapped: {mapped}" if mapped else "")
-                + f"; rss {self.rss / MIB:.1f} ({self.rss_file / MIB:.1f} in files), peak {self.peak_rss / MIB:.1f}")
+                + f"; rss {self.rss / MIB:.1f} ({self.rss_file / MIB:.1f} in files), peak {self.peak_rss / MIB:.1f}"
+                + (f"; heap free {self.heap_free / MIB:.1f}" if self.heap_in_use else ""))
 
     def to_tensor(self) -> Tensor:
         return torch.tensor([self.rank, *self.resident.values(), *self.mapped.values(), self.rss, self.rss_file,
-                             self.peak_rss],
+                             self.peak_rss, self.heap_in_use, self.heap_free],
                             dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, values: Tensor) -> "MemoryAccount":
         n = len(STRUCTURES)
         ints = [int(v) for v in values.tolist()]
+        rss, rss_file, peak_rss, heap_in_use, heap_free = ints[1 + 2 * n:]
         return cls(rank=ints[0], resident=dict(zip(STRUCTURES, ints[1:1 + n])),
-                   mapped=dict(zip(STRUCTURES, ints[1 + n:1 + 2 * n])), rss=ints[-3], rss_file=ints[-2],
-                   peak_rss=ints[-1])
+                   mapped=dict(zip(STRUCTURES, ints[1 + n:1 + 2 * n])), rss=rss, rss_file=rss_file,
+                   peak_rss=peak_rss, heap_in_use=heap_in_use, heap_free=heap_free)
 
 
 def account(graph: Any, *, loaders: Iterable[Any] = (), model: torch.nn.Module | None = None,
@@ -313,6 +322,7 @@ def account(graph: Any, *, loaders: Iterable[Any] = (), model: torch.nn.Module |
         result.add("optimizer", [optimizer.state], ledger)
     result.rss, result.peak_rss = rss_bytes(), peak_rss_bytes()
     result.rss_file = (_status_kib("RssFile") or 0) * 1024
+    result.heap_in_use, result.heap_free = heap_bytes() or (0, 0)
     return result
 
 

@@ -62,9 +62,12 @@ def test_account_counts_each_structure_once(world: gs.World, one_part: Path) -> 
         assert mine.resident[structure] > 0, structure
     assert mine.mapped["partition"] > 0  # the folder's maps, beside their resident copies
     assert 0 < mine.rss <= mine.peak_rss and mine.total_resident < mine.rss
+    if sys.platform.startswith("linux"):  # glibc's mallinfo2: what malloc handed out holds the resident arrays
+        assert mine.heap_in_use >= mine.total_resident and mine.heap_free > 0
     assert memory.MemoryAccount.from_tensor(mine.to_tensor()) == mine
     record = trainer.memory["end"]
-    assert set(record["ranks"][0]) >= {"resident_mib", "mapped_mib", "accounted_mib", "rss_mib", "peak_rss_mib"}
+    assert set(record["ranks"][0]) >= {"resident_mib", "mapped_mib", "accounted_mib", "rss_mib", "peak_rss_mib",
+                                       "heap_in_use_mib", "heap_free_mib"}
     assert record["peak_rss_mib_sum"] == record["ranks"][0]["peak_rss_mib"]
 
 
@@ -299,19 +302,19 @@ def test_limit_arenas_makes_threads_share_the_heaps() -> None:
 
 TRIM_PROBE = """
 import numpy as np
-from gnnscale.pipeline.allocator import keep_freed_memory, trimmed_heap
+from gnnscale.pipeline.allocator import heap_bytes, keep_freed_memory, trimmed_heap
 def rss():
     return int([l for l in open('/proc/self/status') if l.startswith('RssAnon')][0].split()[1]) * 1024
 def allocate_and_free(size=64 << 20):
     np.ones(size, dtype=np.uint8)
 assert keep_freed_memory()
 allocate_and_free()
-kept = rss()
+kept, free_kept = rss(), heap_bytes()[1]
 with trimmed_heap():
-    entered = rss()
+    entered, free_entered = rss(), heap_bytes()[1]
     allocate_and_free()
     inside = rss()
-print(kept - entered, inside - entered, inside - rss())
+print(kept - entered, inside - entered, inside - rss(), free_kept - free_entered)
 """
 
 
@@ -321,8 +324,9 @@ def test_trimmed_heap_returns_kept_memory_on_entry_and_exit_and_keeps_it_inside(
     evaluation frees stay while it runs (no page faults in its loop) and leave when it ends."""
     proc = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    on_entry, kept_inside, on_exit = (int(v) for v in proc.stdout.split())
+    on_entry, kept_inside, on_exit, heap_freed = (int(v) for v in proc.stdout.split())
     assert on_entry > 60 * 2**20 and kept_inside > 60 * 2**20 and on_exit > 60 * 2**20, proc.stdout
+    assert heap_freed > 60 * 2**20, proc.stdout  # heap_bytes saw the kept 64 MiB as free heap, and saw it go
 
 
 def _fake_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int, limit: str, usage: int,

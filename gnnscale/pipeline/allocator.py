@@ -23,6 +23,7 @@ import ctypes
 import ctypes.util
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger("gnnscale.pipeline")
 
@@ -41,18 +42,21 @@ features was killed at start with freed memory kept and the cache sized by the h
 ``scripts/bench_memory_limited.py``)."""
 
 
-def _mallopt():
-    """glibc's ``mallopt`` (argtypes set), or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
+def _libc(name: str, argtypes: list, restype: type) -> Any:
+    """The C library's function ``name`` with its types set, or None where it has none (musl, macOS, old glibc)."""
+    path = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
+        function = getattr(ctypes.CDLL(path), name) if path else None
     except (OSError, AttributeError):
         return None
-    if mallopt is not None:
-        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        mallopt.restype = ctypes.c_int
-    return mallopt
+    if function is not None:
+        function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+def _mallopt():
+    """glibc's ``mallopt``, or None."""
+    return _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
 
 
 def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 4 << 30) -> bool:
@@ -75,14 +79,25 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 4 << 
 
 def _trim() -> None:
     """glibc's ``malloc_trim(0)``: the free pages of every heap, also between live blocks, back to the system."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        return
+    trim = _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
     if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
         trim(0)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_bytes() -> tuple[int, int] | None:
+    """``(in use, free)``: the bytes glibc's ``malloc`` has handed out (its own mappings included) and the bytes it
+    holds free in its heaps (resident unless trimmed), from ``mallinfo2``; None without it (glibc < 2.33, musl,
+    macOS).  What a process holds beyond its live arrays is mostly the second."""
+    info = _libc("mallinfo2", [], _MallInfo2)
+    if info is None:
+        return None
+    stats = info()
+    return stats.uordblks + stats.hblkhd, stats.fordblks
 
 
 @contextlib.contextmanager
